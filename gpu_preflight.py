@@ -1,0 +1,1168 @@
+#!/usr/bin/env python3
+"""gpu_preflight - can the GPU inference service do work right now?
+
+Run it in front of a GPU job; the job starts only when the service answered:
+
+    python3 gpu_preflight.py && /opt/jobs/nightly.sh
+
+It asks Ollama, in stages, each bounded by --timeout and all of them together
+by --deadline (counted from process start, whatever the server does):
+
+    tags       GET  /api/tags       the service is up and the model is present
+    loaded     GET  /api/ps         was the model loaded already? (cold-load note)
+    warmup     POST /api/generate   one token from the model: the GPU answers
+    placement  GET  /api/ps         the model sits in VRAM, not on the CPU
+
+Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
+
+     0  ready: the job may run
+    64  usage error: bad flag or flag value
+    69  unavailable: refused, reset, DNS, HTTP error, runner died, model on CPU
+    70  internal error (a bug): one line, a traceback only with --debug
+    75  temporary: timed out, server busy, GPU memory contended, cold model
+    78  configuration: bad config or value, model not present, not Ollama
+   130  interrupted by SIGINT     143  interrupted by SIGTERM
+
+Every run writes one line to syslog (ident gpu_preflight). Each long option can
+also be set as GPU_PREFLIGHT_<NAME> in the environment or as a key in the
+[gpu_preflight] section of /etc/gpu_preflight.conf; flags win over the
+environment, the environment over the file. Python 3.6+, standard library only.
+"""
+
+__version__ = "0.1.0"
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+# ---- Constants --------------------------------------------------------------
+
+#: Exit statuses (BSD sysexits), the only ones the script returns.
+EX_OK = 0
+EX_USAGE = 64
+EX_UNAVAILABLE = 69
+EX_SOFTWARE = 70
+EX_TEMPFAIL = 75
+EX_CONFIG = 78
+
+#: The name used in messages, syslog ident, config section and env prefix.
+PROG = "gpu_preflight"
+ENV_PREFIX = "GPU_PREFLIGHT_"
+CONFIG_SECTION = "gpu_preflight"
+
+#: Read when it exists and no --config or GPU_PREFLIGHT_CONFIG names another.
+DEFAULT_CONFIG = "/etc/gpu_preflight.conf"
+
+#: Where Ollama listens when neither flags, env, file nor OLLAMA_HOST say.
+DEFAULT_HOST = "http://127.0.0.1:11434"
+OLLAMA_PORT = "11434"
+
+#: Socket timeout of each stage, and the bound of the whole run (seconds).
+DEFAULT_TIMEOUT = 3.0
+DEFAULT_DEADLINE = 10.0
+
+#: How long past a stage's budget the watchdog waits for the socket timeout
+#: to report it itself, before it declares the stage timed out.
+STAGE_GRACE = 0.05
+
+#: The prompt of the token warm-up; one token is generated from it.
+WARMUP_PROMPT = "test"
+
+#: Largest answer read from a stage, and from an error answer (bytes).
+MAX_BODY = 4 * 1024 * 1024
+MAX_ERROR_BODY = 64 * 1024
+
+#: Caps on server text quoted in a reason, and on a whole reason (chars).
+SERVER_TEXT_MAX = 200
+REASON_MAX = 1000
+
+#: Where syslog lines go unless --syslog-address says otherwise.
+DEFAULT_SYSLOG_ADDRESS = "/dev/log"
+
+#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
+FACILITIES = {
+    "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5,
+    "lpr": 6, "news": 7, "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11,
+    "local0": 16, "local1": 17, "local2": 18, "local3": 19,
+    "local4": 20, "local5": 21, "local6": 22, "local7": 23,
+}
+
+#: syslog severities used: ready, skipped, configuration or internal error.
+SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
+
+#: What each stage does, for reasons and --help.
+STAGE_WHAT = {
+    "tags": "GET /api/tags",
+    "loaded": "GET /api/ps",
+    "warmup": "POST /api/generate",
+    "placement": "GET /api/ps",
+}
+
+#: Runner error text meaning GPU (or host) memory is taken: retry later.
+OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
+               "cudamalloc failed", "requires more system memory")
+
+#: Runner error text meaning the model could not load within Ollama's limit.
+LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
+                        "timed out waiting for llama-server to start")
+
+#: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
+_DURATION_RE = re.compile(r"^[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h))+$")
+_NUMBER_RE = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
+_BARE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+%,\[\]-]+$")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
+           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+# ---- Errors -----------------------------------------------------------------
+
+class UsageError(Exception):
+    """A bad flag or flag value: exit 64 with a message on stderr."""
+
+
+class ConfigError(Exception):
+    """A bad config file, environment value or OLLAMA_HOST: exit 78."""
+
+
+class Fail(Exception):
+    """A stage ended the run with an exit status and a reason."""
+
+    def __init__(self, code, reason, stage=None):
+        Exception.__init__(self, reason)
+        self.code = code
+        self.reason = reason
+        self.stage = stage
+
+
+class TimedOut(Exception):
+    """A socket timed out; the stage turns it into a reason with context."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
+
+    def __init__(self, signum):
+        BaseException.__init__(self, signum)
+        self.signum = signum
+
+
+class _ParserExit(Exception):
+    """argparse finished (--help, --version) and wants this status."""
+
+    def __init__(self, status):
+        Exception.__init__(self, status)
+        self.status = status
+
+
+# ---- Pure parsers: values in, values out ------------------------------------
+
+def parse_ollama_host(value):
+    """Parse OLLAMA_HOST as Ollama does; return (base URL, warning or None).
+
+    'http://host' means port 80 and 'https://host' port 443; without a scheme
+    the port is 11434; quotes and spaces are stripped; a path is kept as a
+    prefix; a bad port falls back to the default with a warning.
+    """
+    text = value.strip().strip("\"'").strip()
+    port = OLLAMA_PORT
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        port = {"http": "80", "https": "443"}.get(scheme, port)
+    elif text == "ollama.com":
+        scheme, rest, port = "https", text, "443"
+    else:
+        scheme, rest = "http", text
+    rest = rest.rstrip("/")
+    hostport, slash, path = rest.partition("/")
+    path = ("/" + path.rstrip("/")) if slash and path.strip("/") else ""
+    host, got_port = _split_host_port(hostport)
+    if got_port is None:
+        host = hostport.strip("[]") if hostport else "127.0.0.1"
+        got_port = port
+    warning = None
+    if not got_port.isdigit() or int(got_port) > 65535:
+        warning = "invalid port %r, using %s" % (got_port, port)
+        got_port = port
+    if ":" in host:
+        host = "[%s]" % host
+    return "%s://%s:%s%s" % (scheme, host, got_port, path), warning
+
+
+def _split_host_port(text):
+    """Go's net.SplitHostPort: (host, port), or (None, None) when it fails."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or not text[end + 1:].startswith(":"):
+            return None, None
+        return text[1:end], text[end + 2:]
+    if text.count(":") != 1:
+        return None, None
+    host, port = text.split(":")
+    return host, port
+
+
+def host_url(value):
+    """A --host value: parsed like OLLAMA_HOST, but a bad port is an error."""
+    url, warning = parse_ollama_host(value)
+    if warning:
+        raise ValueError("%s: %s" % (value.strip(), warning))
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("%s: only http:// and https:// URLs are supported"
+                         % value.strip())
+    return url
+
+
+def url_host(url):
+    """The host part of a base URL, without brackets or port."""
+    hostport = url.split("://", 1)[1].split("/", 1)[0]
+    host, _ = _split_host_port(hostport)
+    return host if host is not None else hostport
+
+
+def is_loopback(host):
+    """True for names and literals that never need a proxy."""
+    host = host.lower().strip("[]")
+    return (host in ("", "localhost", "::1", "::", "0.0.0.0")
+            or host.endswith(".localhost") or host.startswith("127."))
+
+
+def normalise_model(name):
+    """Ollama's short display name: 'llama3.2' -> 'llama3.2:latest'."""
+    name = name.strip()
+    for prefix in ("registry.ollama.ai/", "library/"):
+        if name.lower().startswith(prefix):
+            name = name[len(prefix):]
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return name
+
+
+def same_model(a, b):
+    """Whether two model names mean the same model, as Ollama compares them."""
+    return normalise_model(a).lower() == normalise_model(b).lower()
+
+
+def parse_keep_alive(text):
+    """A keep_alive in a form Ollama accepts: number of seconds or duration."""
+    text = text.strip()
+    if _NUMBER_RE.match(text):
+        number = float(text)
+        return int(number) if number == int(number) else number
+    if _DURATION_RE.match(text):
+        return text
+    raise ValueError("%r is neither seconds (600, -1) nor a duration "
+                     "with a unit (10m, 1h, 30s)" % text)
+
+
+def parse_ollama_option(text):
+    """KEY=VALUE for the warm-up's options; VALUE is JSON where it parses."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not re.match(r"^[a-z_][a-z0-9_]*$", key):
+        raise ValueError("%r: expected KEY=VALUE, e.g. num_ctx=8192" % text)
+    if key == "num_predict":
+        raise ValueError("num_predict is fixed at 1 for the warm-up")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def parse_seconds(text):
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("%r is not a number of seconds" % text)
+    if not 0 < value < 1e6:
+        raise ValueError("%r: must be more than 0 seconds" % text)
+    return value
+
+
+def parse_warmup(text):
+    """One of the warm-up kinds."""
+    if text not in ("token", "load", "off"):
+        raise ValueError("%r: choose token, load or off" % text)
+    return text
+
+
+def parse_facility(text):
+    """A syslog facility name, returned as its code."""
+    if text.lower() not in FACILITIES:
+        raise ValueError("%r: not a syslog facility (user, daemon, local0..local7...)"
+                         % text)
+    return FACILITIES[text.lower()]
+
+
+def parse_syslog_address(text):
+    """A UNIX datagram socket path, or HOST:PORT for UDP."""
+    if "/" in text:
+        return text
+    host, port = _split_host_port(text)
+    if not host or not port or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("%r: expected a socket path or HOST:PORT" % text)
+    return (host, int(port))
+
+
+def parse_bool(text):
+    """A boolean from the environment or the config file."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("%r is not a boolean (1/0, true/false, yes/no)" % text)
+
+
+def parse_generate(data):
+    """The answer of /api/generate, one JSON object or NDJSON lines.
+
+    Returns (final object, error text or None). Raises ValueError when it is
+    not JSON objects.
+    """
+    text = data.decode("utf-8", "replace")
+    try:
+        objects = [json.loads(text)]
+    except ValueError:
+        objects = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not objects or not all(isinstance(o, dict) for o in objects):
+        raise ValueError("not a JSON object")
+    for obj in objects:
+        if "error" in obj:
+            return obj, error_text(obj["error"])
+    return objects[-1], None
+
+
+def error_text(value):
+    """The message of {"error": "..."} or an OpenAI-style {"error": {...}}."""
+    if isinstance(value, dict):
+        value = value.get("message", value)
+    return str(value)
+
+
+def answer_message(body):
+    """The error message inside an error answer, or its text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text, False
+    if isinstance(doc, dict) and "error" in doc:
+        return error_text(doc["error"]), True
+    return text, False
+
+
+# ---- Pure classifiers: answers and errors -> exit status and reason ---------
+
+def sanitise(text, limit=SERVER_TEXT_MAX):
+    """Text safe for one log line: no control characters, ASCII, capped."""
+    text = _CONTROL_RE.sub(" ", str(text)).strip()
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return text
+
+
+def classify_runner_error(message):
+    """Exit status for an error from the model runner (Ollama section 8)."""
+    low = message.lower()
+    if any(marker in low for marker in OOM_MARKERS):
+        return EX_TEMPFAIL
+    if "server busy" in low or any(m in low for m in LOAD_TIMEOUT_MARKERS):
+        return EX_TEMPFAIL
+    if ("not found" in low and "model" in low) or "does not support" in low:
+        return EX_CONFIG
+    if re.search(r'option "[^"]*" must be of type', low):
+        return EX_CONFIG
+    return EX_UNAVAILABLE
+
+
+def classify_answer(what, status, body):
+    """(exit status, reason) for an HTTP answer that is not a success."""
+    message, is_json = answer_message(body)
+    quoted = sanitise(message) or "empty body"
+    if status == 403:
+        return EX_CONFIG, ("%s: 403 forbidden: Ollama's host guard refuses this "
+                           "host name (use the address it listens on) or a proxy "
+                           "said no" % what)
+    if status in (401, 407):
+        return EX_CONFIG, "%s: %d authentication required: %s" % (what, status, quoted)
+    if status in (404, 405) and not is_json:
+        return EX_CONFIG, ("not an Ollama server: %s answered %d %s"
+                           % (what, status, quoted))
+    if status == 503:
+        return EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)
+    if status in (400, 404):
+        return EX_CONFIG, "%s: %d %s" % (what, status, quoted)
+    if what.startswith("POST"):
+        code = classify_runner_error(message)
+        return code, "%s: %d %s" % (what, status, quoted)
+    return EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted)
+
+
+def classify_exception(exc, what, url):
+    """(exit status, reason) for a network failure, or raise TimedOut."""
+    if isinstance(exc, urllib.error.URLError) and not isinstance(
+            exc, urllib.error.HTTPError):
+        exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+    if isinstance(exc, socket.timeout):
+        raise TimedOut()
+    where = url.split("://", 1)[-1].split("/", 1)[0]
+    if isinstance(exc, ConnectionRefusedError):
+        return EX_UNAVAILABLE, ("connection refused by %s (is the service "
+                                "running and listening there?)" % where)
+    if isinstance(exc, socket.gaierror):
+        return EX_UNAVAILABLE, "cannot resolve %s: %s" % (where, sanitise(exc))
+    if isinstance(exc, (ConnectionError, EOFError)) or type(exc).__name__ in (
+            "IncompleteRead", "RemoteDisconnected"):
+        return EX_UNAVAILABLE, ("%s: connection closed by %s in mid-answer"
+                                % (what, where))
+    if type(exc).__name__.startswith("SSL"):
+        return EX_CONFIG, "%s: TLS error with %s: %s" % (what, where, sanitise(exc))
+    if type(exc).__name__ in ("BadStatusLine", "LineTooLong", "UnknownProtocol"):
+        return EX_CONFIG, "not an HTTP server at %s: %s" % (where, sanitise(exc))
+    if isinstance(exc, OSError):
+        return EX_UNAVAILABLE, "%s: network error: %s" % (what, sanitise(exc))
+    return EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, sanitise(exc))
+
+
+# ---- Configuration: flags > GPU_PREFLIGHT_* > config file > defaults --------
+
+#: Every option: (long name, short, parser or "flag"/"list", default, metavar, help)
+OPTIONS = (
+    ("host", None, host_url, None, "URL",
+     "Ollama base URL (default: OLLAMA_HOST as Ollama reads it, "
+     "else %s)" % DEFAULT_HOST),
+    ("model", None, str, None, "NAME",
+     "model to warm (default: one already loaded, else the first listed)"),
+    ("timeout", None, parse_seconds, DEFAULT_TIMEOUT, "SECONDS",
+     "time limit of each stage (default %g)" % DEFAULT_TIMEOUT),
+    ("deadline", None, parse_seconds, DEFAULT_DEADLINE, "SECONDS",
+     "hard limit on the whole run, from process start (default %g)"
+     % DEFAULT_DEADLINE),
+    ("warmup", None, parse_warmup, "token", "token|load|off",
+     "token: generate one token; load: only load the model; off: skip "
+     "(default token)"),
+    ("keep-alive", None, parse_keep_alive, None, "DURATION",
+     "keep_alive sent with the warm-up (600, -1, 10m); not sent unless given"),
+    ("ollama-option", None, "list", (), "KEY=VALUE",
+     "runner option for the warm-up, as the job uses it (num_ctx=8192); "
+     "repeatable"),
+    ("allow-cpu", None, "flag", False, None,
+     "accept a model that Ollama runs on the CPU (size_vram 0)"),
+    ("json", None, "flag", False, None,
+     "print one JSON object with the verdict on stdout"),
+    ("verbose", "-v", "flag", False, None,
+     "print the log line on stderr, even under cron"),
+    ("quiet", "-q", "flag", False, None, "print nothing on stderr"),
+    ("syslog-facility", None, parse_facility, FACILITIES["user"], "NAME",
+     "syslog facility (default user)"),
+    ("syslog-address", None, parse_syslog_address, DEFAULT_SYSLOG_ADDRESS,
+     "PATH|HOST:PORT", "syslog socket path or UDP collector (default %s)"
+     % DEFAULT_SYSLOG_ADDRESS),
+    ("no-syslog", None, "flag", False, None, "do not write to syslog"),
+    ("debug", None, "flag", False, None, "show a traceback on internal errors"),
+)
+
+EPILOG = """\
+examples:
+  python3 gpu_preflight.py && /opt/jobs/nightly.sh
+  gpu_preflight --model llama3.2 --timeout 5 --deadline 15 && job
+  gpu_preflight --host http://gpu1:11434 --json
+  gpu_preflight --model qwen3:8b --ollama-option num_ctx=8192 -v
+  */10 * * * * gpu_preflight --model llama3.2 && /opt/jobs/batch.sh
+
+stages: tags (GET /api/tags), loaded (GET /api/ps), warmup (POST
+/api/generate, one token), placement (GET /api/ps: model in VRAM?)
+
+exit status:
+   0 ready                 69 unavailable        75 temporary, retry later
+  64 usage error           70 internal error     78 configuration
+ 130/143 interrupted by SIGINT/SIGTERM
+
+A cold model (not loaded when the run starts) needs longer than the default
+3 s to load, and Ollama aborts a load when the client gives up: give the
+warm-up time (--timeout 120 --deadline 150) or keep the model loaded on the
+server (OLLAMA_KEEP_ALIVE=-1, or --keep-alive 1h).
+
+Each long option is also GPU_PREFLIGHT_<NAME> (GPU_PREFLIGHT_KEEP_ALIVE=10m)
+and a key in the [gpu_preflight] section of the config file (keep-alive = 10m).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so main() keeps control."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+    def exit(self, status=0, message=None):
+        if message:
+            sys.stderr.write(message)
+        raise _ParserExit(status)
+
+
+def _argtype(parse):
+    """Wrap a parser so argparse shows its message for a bad value."""
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def build_parser():
+    """The command line: every option defaults to None (= not given)."""
+    parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:4]),
+                     epilog=EPILOG, allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, short, kind, default, metavar, text in OPTIONS:
+        flags = ([short] if short else []) + ["--" + name]
+        if kind == "flag":
+            parser.add_argument(*flags, action="store_true", default=None,
+                                help=text)
+        elif kind == "list":
+            parser.add_argument(*flags, action="append", default=None,
+                                metavar=metavar, help=text,
+                                type=_argtype(parse_ollama_option))
+        else:
+            parser.add_argument(*flags, metavar=metavar, help=text,
+                                type=_argtype(kind))
+    parser.add_argument("--config", metavar="PATH",
+                        help="config file (default %s when it exists; or "
+                        "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
+    parser.add_argument("--version", action="version",
+                        version="%s %s (Python %s)" % (
+                            PROG, __version__, sys.version.split()[0]))
+    return parser
+
+
+def read_config_file(path, must_exist):
+    """The [gpu_preflight] keys of an INI file, as {option name: text}."""
+    import configparser
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            parser.read_file(handle)
+    except (IOError, OSError) as exc:
+        if not must_exist and not os.path.exists(path):
+            return {}
+        raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    except (configparser.Error, UnicodeDecodeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError("bad config file %s: %s" % (path, first))
+    if not parser.has_section(CONFIG_SECTION):
+        raise ConfigError("config file %s has no [%s] section" % (path, CONFIG_SECTION))
+    known = set(o[0] for o in OPTIONS)
+    values = {}
+    for key, text in parser.items(CONFIG_SECTION):
+        name = key.replace("_", "-")
+        if name not in known:
+            raise ConfigError("config file %s: unknown key %r" % (path, key))
+        values[name] = text
+    return values
+
+
+def _from_text(kind, text):
+    """An option's value from environment or file text."""
+    if kind == "flag":
+        return parse_bool(text)
+    if kind == "list":
+        import shlex
+        return [parse_ollama_option(item) for item in shlex.split(text)]
+    return kind(text)
+
+
+def resolve_options(ns, environ, file_values, file_name="config file"):
+    """Merge flags, environment, file and defaults into one Namespace.
+
+    Raises ConfigError for a bad environment or file value.
+    """
+    opts = argparse.Namespace()
+    for name, _, kind, default, _, _ in OPTIONS:
+        attr = name.replace("-", "_")
+        value = getattr(ns, attr, None)
+        env_name = ENV_PREFIX + attr.upper()
+        source = None
+        try:
+            if value is None and environ.get(env_name, "").strip():
+                source = env_name
+                value = _from_text(kind, environ[env_name])
+            elif value is None and name in file_values:
+                source = "%s: %s" % (file_name, name)
+                value = _from_text(kind, file_values[name])
+        except ValueError as exc:
+            raise ConfigError("%s: %s" % (source, exc))
+        setattr(opts, attr, default if value is None else value)
+    if opts.host is None:
+        opts.host = DEFAULT_HOST
+        if environ.get("OLLAMA_HOST", "").strip():
+            opts.host, _ = parse_ollama_host(environ["OLLAMA_HOST"])
+            if not opts.host.startswith(("http://", "https://")):
+                raise ConfigError("OLLAMA_HOST=%r: only http:// and https:// "
+                                  "are supported" % environ["OLLAMA_HOST"])
+    opts.ollama_option = dict(opts.ollama_option)
+    opts.model = (opts.model or "").strip() or None
+    if opts.verbose and opts.quiet:
+        raise ConfigError("--verbose and --quiet exclude each other")
+    return opts
+
+
+def configure(ns, environ):
+    """Options for this run, plus a configuration error message or None.
+
+    On error the options still carry what flags and defaults say, so the
+    error is logged where the command line asked.
+    """
+    path = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
+    try:
+        values = read_config_file(path or DEFAULT_CONFIG, bool(path))
+        return resolve_options(ns, environ, values, path or DEFAULT_CONFIG), None
+    except ConfigError as exc:
+        return resolve_options(ns, {}, {}), str(exc)
+
+
+# ---- HTTP collector: urllib, no proxy for loopback, bounded reads -----------
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are reported, never followed (they can leak to other hosts)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+class Client(object):
+    """Talks to one base URL; every call returns bytes or raises Fail/TimedOut."""
+
+    def __init__(self, base):
+        host = url_host(base)
+        if host == "":
+            base = base.replace("://:", "://127.0.0.1:", 1)
+        self.base = base
+        handlers = [_NoRedirect()]
+        if is_loopback(host):
+            handlers.append(urllib.request.ProxyHandler({}))
+        self.opener = urllib.request.build_opener(*handlers)
+
+    def call(self, method, path, budget, payload=None):
+        """The body of a 2xx answer to METHOD path, read within limits."""
+        what = "%s %s" % (method, path)
+        data = None if payload is None else json.dumps(payload).encode("ascii")
+        request = urllib.request.Request(
+            self.base + path, data=data, method=method,
+            headers={"User-Agent": "%s/%s" % (PROG, __version__),
+                     "Accept": "application/json",
+                     "Content-Type": "application/json"})
+        try:
+            answer = self.opener.open(request, timeout=budget)
+        except urllib.error.HTTPError as exc:
+            body = self._read(exc, MAX_ERROR_BODY, what, allow_short=True)
+            if 300 <= exc.code < 400:
+                raise Fail(EX_CONFIG, "%s: redirected (%d) to %s; give --host the "
+                           "final address" % (what, exc.code,
+                                               sanitise(exc.headers.get("Location"))))
+            raise Fail(*classify_answer(what, exc.code, body))
+        except Exception as exc:    # URLError, OSError, http.client errors
+            raise Fail(*classify_exception(exc, what, self.base))
+        return self._read(answer, MAX_BODY, what)
+
+    def _read(self, answer, limit, what, allow_short=False):
+        """Read at most limit bytes; a longer answer ends the stage."""
+        try:
+            body = answer.read(limit + 1)
+        except Exception as exc:    # OSError, http.client.IncompleteRead...
+            if allow_short:
+                return b""
+            raise Fail(*classify_exception(exc, what, self.base))
+        finally:
+            answer.close()
+        if len(body) > limit and not allow_short:
+            raise Fail(EX_UNAVAILABLE, "%s: answer larger than %d MiB, not what "
+                       "Ollama sends" % (what, limit // (1024 * 1024)))
+        return body[:limit]
+
+    def json(self, method, path, budget, payload=None):
+        """A 2xx answer parsed as a JSON object."""
+        body = self.call(method, path, budget, payload)
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except ValueError:
+            raise Fail(EX_UNAVAILABLE, "%s %s: answer is not JSON: %s"
+                       % (method, path, sanitise(body[:80].decode("latin-1"))))
+        if not isinstance(doc, dict):
+            raise Fail(EX_CONFIG, "not an Ollama server: %s %s did not answer a "
+                       "JSON object" % (method, path))
+        return doc
+
+
+def model_list(doc, what):
+    """The model names of a /api/tags or /api/ps answer."""
+    models = doc.get("models")
+    if not isinstance(models, list):
+        raise Fail(EX_CONFIG, "not an Ollama server: %s has no models list" % what)
+    return [m for m in models if isinstance(m, dict)
+            and isinstance(m.get("name", m.get("model")), str)]
+
+
+def _name(entry):
+    return entry.get("name") or entry.get("model")
+
+
+# ---- Stages: tags -> loaded -> warmup -> placement --------------------------
+
+class Stage(object):
+    """The stage under way: its name, start and the time its budget ends."""
+
+    def __init__(self, name, started, ends_at, optional):
+        self.name, self.started, self.ends_at = name, started, ends_at
+        self.optional = optional
+
+
+class Run(object):
+    """One preflight: options, clock, finished stages and the verdict."""
+
+    def __init__(self, opts, started):
+        self.opts = opts
+        self.started = started
+        self.deadline_at = started + opts.deadline
+        self.stages = []            # dicts: name, status, duration_ms, reason
+        self.current = None         # the Stage under way, if any
+        self.model = opts.model
+        self.loaded_before = None   # was the model loaded? None: unknown
+        self.vram_pct = None        # share of the model in VRAM after warm-up
+        self.notes = []             # facts for a ready verdict
+        self.code = None            # the verdict, set once
+        self.stage = None
+        self.reason = ""
+        self.trace = None           # traceback text of an internal error
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def step(self, name, optional=False):
+        """Run a stage; its budget is min(--timeout, time left)."""
+        now = time.monotonic()
+        left = self.deadline_at - now
+        if left <= 0:
+            raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
+                       % (self.opts.deadline, STAGE_WHAT[name]), name)
+        budget = min(self.opts.timeout, left)
+        stage = Stage(name, now, now + budget, optional)
+        self.current = stage
+        try:
+            yield budget
+        except TimedOut:
+            reason = self.timeout_reason(stage)
+            self._record(stage, "unknown" if optional else "fail", reason)
+            raise Fail(EX_TEMPFAIL, reason, name)
+        except Fail as exc:
+            self._record(stage, "unknown" if optional else "fail", exc.reason)
+            exc.stage = exc.stage or name
+            raise
+        else:
+            self._record(stage, "ok", "")
+        finally:
+            if self.current is stage:
+                self.current = None
+
+    def _record(self, stage, status, reason):
+        with self._lock:
+            if self.code is None:
+                ms = (time.monotonic() - stage.started) * 1000.0
+                self.stages.append({"name": stage.name, "status": status,
+                                    "duration_ms": round(ms, 1), "reason": reason})
+
+    def decide(self, code, stage, reason):
+        """Set the verdict unless one is set already; True if this one won."""
+        with self._lock:
+            if self.code is not None:
+                return False
+            self.code, self.stage, self.reason = code, stage, reason
+            return True
+
+    def timeout_reason(self, stage):
+        """Why a stage ran out of time, with the cold-model fix when it applies."""
+        budget = stage.ends_at - stage.started
+        if budget < self.opts.timeout - 1e-3:
+            text = "deadline of %gs reached during %s" % (
+                self.opts.deadline, STAGE_WHAT[stage.name])
+        else:
+            text = "%s timed out after %gs" % (STAGE_WHAT[stage.name], self.opts.timeout)
+        if stage.name == "warmup" and self.loaded_before is False:
+            text += ("; model %s was not loaded, and Ollama aborts a load when the "
+                     "client gives up, so it cannot warm in time: give the warm-up "
+                     "longer (--timeout 120 --deadline 150) or keep the model "
+                     "loaded on the server (OLLAMA_KEEP_ALIVE=-1 or --keep-alive 1h)"
+                     % self.model)
+        return text
+
+    def expire(self, stage):
+        """The watchdog's verdict on a stage that overran its budget."""
+        reason = self.timeout_reason(stage)
+        with self._lock:
+            if self.code is None:
+                ms = (time.monotonic() - stage.started) * 1000.0
+                self.stages.append({"name": stage.name, "status": "fail",
+                                    "duration_ms": round(ms, 1), "reason": reason})
+        self.decide(EX_TEMPFAIL, stage.name, reason)
+
+
+def check_service(run, client):
+    """The stages, in order; returns the ready reason or raises Fail."""
+    opts = run.opts
+    with run.step("tags") as budget:
+        listed = model_list(client.json("GET", "/api/tags", budget), "/api/tags")
+        names = [_name(m) for m in listed]
+        if run.model:
+            found = [n for n in names if same_model(n, run.model)]
+            if not found:
+                raise Fail(EX_CONFIG, "model %s is not present on the server "
+                           "(ollama pull %s); it has: %s" % (
+                               sanitise(run.model), sanitise(run.model),
+                               sanitise(", ".join(names[:10]) or "no models")))
+            run.model = found[0]
+        elif not names:
+            raise Fail(EX_CONFIG, "the server has no models: pull one "
+                       "(ollama pull NAME) and name it with --model")
+
+    if opts.warmup != "off" or not run.model:
+        loaded = None
+        try:
+            with run.step("loaded", optional=True) as budget:
+                loaded = [_name(m) for m in model_list(
+                    client.json("GET", "/api/ps", budget), "/api/ps")]
+        except Fail as exc:
+            run.notes.append("loaded models unknown (%s)" % exc.reason)
+        if not run.model:
+            in_tags = [n for n in loaded or () if any(same_model(n, t) for t in names)]
+            run.model = (in_tags or names)[0]
+        if loaded is not None:
+            run.loaded_before = any(same_model(n, run.model) for n in loaded)
+
+    if opts.warmup == "off":
+        return "service up, model %s present (warm-up off)" % run.model
+
+    payload = {"model": run.model, "stream": False,
+               "prompt": WARMUP_PROMPT if opts.warmup == "token" else "",
+               "options": dict(opts.ollama_option, num_predict=1)}
+    if opts.keep_alive is not None:
+        payload["keep_alive"] = opts.keep_alive
+    with run.step("warmup") as budget:
+        answer = client.call("POST", "/api/generate", budget, payload)
+        try:
+            final, error = parse_generate(answer)
+        except ValueError:
+            raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer is not JSON: %s"
+                       % sanitise(answer[:80].decode("latin-1")))
+        if error is not None:
+            raise Fail(classify_runner_error(error),
+                       "POST /api/generate: error from the model: %s" % sanitise(error))
+        if final.get("done") is not True:
+            raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer ended before "
+                       "done (the model stopped mid-answer)")
+        load_ns = final.get("load_duration")
+        if isinstance(load_ns, int) and load_ns > 1e9:
+            run.notes.append("model loaded in %.1fs" % (load_ns / 1e9))
+
+    if not opts.allow_cpu:
+        with run.step("placement") as budget:
+            running = model_list(client.json("GET", "/api/ps", budget), "/api/ps")
+            check_placement(run, [m for m in running if same_model(_name(m), run.model)])
+    return "%s answered %s" % (run.model, "a token" if opts.warmup == "token"
+                               else "the load")
+
+
+def check_placement(run, entries):
+    """The model must sit in VRAM: size_vram 0 is Ollama's silent CPU fallback."""
+    if not entries:
+        run.notes.append("model not resident after the warm-up (server "
+                         "keep-alive 0?), GPU placement not verified")
+        return
+    size, vram = entries[0].get("size"), entries[0].get("size_vram")
+    if not isinstance(size, int) or not isinstance(vram, int) or size <= 0:
+        run.notes.append("GPU placement not reported by the server")
+        return
+    run.vram_pct = int(round(100.0 * vram / size))
+    if vram == 0:
+        raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
+                   "lost the GPU (driver not ready, suspend/resume); restart "
+                   "ollama, or pass --allow-cpu to accept it" % run.model)
+    if vram < size:
+        run.notes.append("partial offload: %d%% of the model in VRAM" % run.vram_pct)
+
+
+# ---- Supervision: worker thread, stage watchdog, hard deadline, signals -----
+
+def supervise(run, work):
+    """Run work(run) in a thread and return when it ends or a limit is hit.
+
+    A socket timeout does not bound a trickling answer or a stalled DNS
+    lookup, so the watchdog here does: the worker thread is abandoned (it is
+    a daemon) when its stage's budget or the deadline runs out.
+    """
+    def target():
+        try:
+            reason = work(run)
+            run.decide(EX_OK, None, reason)
+        except Fail as exc:
+            run.decide(exc.code, exc.stage, exc.reason)
+        except Exception as exc:
+            run.trace = traceback.format_exc()
+            run.decide(EX_SOFTWARE, run.current and run.current.name,
+                       "internal error: %s: %s" % (type(exc).__name__, sanitise(exc)))
+
+    worker = threading.Thread(target=target, name="gpu_preflight-check")
+    worker.daemon = True
+    worker.start()
+    while worker.is_alive() and run.code is None:
+        stage = run.current
+        if stage is None or stage.optional:
+            limit = run.deadline_at
+        else:
+            limit = min(stage.ends_at + STAGE_GRACE, run.deadline_at)
+        left = limit - time.monotonic()
+        if left > 0:
+            worker.join(left)
+        elif stage is not None and run.current is stage:
+            run.expire(stage)
+        elif time.monotonic() >= run.deadline_at:
+            run.decide(EX_TEMPFAIL, None, "deadline of %gs reached between stages"
+                       % run.opts.deadline)
+    return run.code
+
+
+def _raise_interrupt(signum, frame):
+    raise Interrupted(signum)
+
+
+def _set_signals(handler):
+    """Install handler for SIGINT/SIGTERM; return the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return dict((s, signal.signal(s, handler)) for s in (signal.SIGINT, signal.SIGTERM))
+
+
+def process_started():
+    """monotonic() at the time this process started (Linux /proc), or now."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+        age = uptime - int(fields[19]) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - min(max(age, 0.0), 5.0)
+
+
+# ---- Report: syslog line, JSON, terminal ------------------------------------
+
+def quote(text):
+    """A sanitised value in double quotes that it cannot close early."""
+    text = sanitise(text, REASON_MAX)
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def log_value(value):
+    """A value for key=value logs: bare when safe, else quoted."""
+    text = sanitise("-" if value is None or value == "" else value, REASON_MAX)
+    return text if _BARE_VALUE_RE.match(text) else quote(text)
+
+
+def verdict_reason(run):
+    """The reason with the notes of a ready run appended."""
+    if run.code == EX_OK and run.notes:
+        return "%s; %s" % (run.reason, "; ".join(run.notes))
+    return run.reason
+
+
+def log_line(run, elapsed_ms):
+    """The one line written to syslog (and with -v to stderr)."""
+    fields = [("result", "ready" if run.code == EX_OK else "skip"),
+              ("code", run.code), ("stage", run.stage),
+              ("reason", verdict_reason(run)), ("host", run.opts.host),
+              ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
+    for stage in run.stages:
+        fields.append(("%s_ms" % stage["name"], int(round(stage["duration_ms"]))))
+    if run.loaded_before is not None:
+        fields.append(("was_loaded", "yes" if run.loaded_before else "no"))
+    if run.vram_pct is not None:
+        fields.append(("vram_pct", run.vram_pct))
+    return " ".join("%s=%s" % (k, quote(v) if k == "reason" else log_value(v))
+                    for k, v in fields)
+
+
+def syslog_message(line, severity, facility, udp, now=None):
+    """An RFC 3164 datagram; the hostname only for UDP (local sockets add it)."""
+    stamp = time.localtime(now)
+    head = "<%d>%s %2d %02d:%02d:%02d " % (
+        facility * 8 + severity, _MONTHS[stamp.tm_mon - 1], stamp.tm_mday,
+        stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
+    if udp:
+        head += (socket.gethostname().split(".")[0] or "localhost") + " "
+    return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
+
+
+def send_syslog(line, severity, facility, address):
+    """Send one line; never blocks, never raises. Returns an error or None."""
+    sock = None
+    try:
+        if isinstance(address, tuple):
+            infos = _resolve_soon(address[0], address[1])
+            if not infos:
+                return "cannot resolve syslog host %s" % address[0]
+            family, _, _, _, target = infos[0]
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.sendto(syslog_message(line, severity, facility, True), target)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.sendto(syslog_message(line, severity, facility, False), address)
+    except OSError as exc:
+        return "syslog %s: %s" % (address, exc.strerror or exc)
+    finally:
+        if sock is not None:
+            sock.close()
+    return None
+
+
+def _resolve_soon(host, port, wait=0.5):
+    """getaddrinfo for UDP, given up after `wait` seconds (DNS can stall)."""
+    box = []
+
+    def lookup():
+        try:
+            box.extend(socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM))
+        except OSError:
+            pass
+    thread = threading.Thread(target=lookup)
+    thread.daemon = True
+    thread.start()
+    thread.join(wait)
+    return list(box)
+
+
+def severity_of(code):
+    if code == EX_OK:
+        return SEV_INFO
+    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
+
+
+def verdict_json(run, elapsed_ms):
+    """The --json object."""
+    return {
+        "version": __version__, "ready": run.code == EX_OK,
+        "exit_code": run.code, "result": "ready" if run.code == EX_OK else "skip",
+        "host": run.opts.host, "model": run.model, "stage": run.stage,
+        "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
+        "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
+        "warmup": run.opts.warmup, "model_was_loaded": run.loaded_before,
+        "vram_pct": run.vram_pct, "stages": run.stages,
+    }
+
+
+def report(run):
+    """Write the verdict: syslog always, stdout for --json, stderr as asked."""
+    opts = run.opts
+    elapsed_ms = (time.monotonic() - run.started) * 1000.0
+    line = log_line(run, elapsed_ms)
+    problem = None
+    if not opts.no_syslog:
+        problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
+                              opts.syslog_address)
+    try:
+        if opts.json:
+            sys.stdout.write(json.dumps(verdict_json(run, elapsed_ms),
+                                        sort_keys=True) + "\n")
+            sys.stdout.flush()
+        if opts.quiet:
+            return
+        if opts.verbose:
+            sys.stderr.write("%s: %s\n" % (PROG, line))
+            if problem:
+                sys.stderr.write("%s: warning: %s\n" % (PROG, sanitise(problem)))
+        elif run.code != EX_OK and (run.code == EX_SOFTWARE or _isatty(sys.stderr)):
+            sys.stderr.write("%s: skip (%d%s): %s\n" % (
+                PROG, run.code, ", " + run.stage if run.stage else "",
+                verdict_reason(run)))
+        if run.trace and opts.debug:
+            sys.stderr.write(run.trace)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass    # a closed stdout or stderr must not change the verdict
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# ---- CLI --------------------------------------------------------------------
+
+def main(argv=None, started=None):
+    """Parse, check, report; return the exit status (nothing else exits).
+
+    started: the monotonic() time the deadline counts from; the command line
+    passes the process start, a caller importing this module gets "now".
+    """
+    started = time.monotonic() if started is None else started
+    previous = _set_signals(_raise_interrupt)
+    try:
+        try:
+            ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        except _ParserExit as exc:
+            return exc.status
+        except UsageError as exc:
+            sys.stderr.write("%s: error: %s (see --help)\n" % (PROG, exc))
+            return EX_USAGE
+        opts, problem = configure(ns, os.environ)
+        run = Run(opts, started)
+        try:
+            if problem:
+                run.decide(EX_CONFIG, "config", problem)
+            else:
+                supervise(run, lambda r: check_service(r, Client(opts.host)))
+        except Interrupted as exc:
+            stage = run.current.name if run.current else None
+            run.decide(128 + exc.signum, stage, "interrupted by %s%s" % (
+                signal.Signals(exc.signum).name,
+                " during " + STAGE_WHAT[stage] if stage else ""))
+        except Exception as exc:
+            run.trace = traceback.format_exc()
+            run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
+                       % (type(exc).__name__, sanitise(exc)))
+        _set_signals(signal.SIG_IGN)
+        report(run)
+        return run.code
+    except Interrupted as exc:      # while parsing, before a run existed
+        return 128 + exc.signum
+    except Exception as exc:        # a bug before a run existed
+        sys.stderr.write("%s: internal error: %s: %s\n"
+                         % (PROG, type(exc).__name__, sanitise(exc)))
+        if "--debug" in (sys.argv if argv is None else argv):
+            traceback.print_exc()
+        return EX_SOFTWARE
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main(started=process_started()))
