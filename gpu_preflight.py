@@ -684,12 +684,16 @@ class Client(object):
         """Read at most limit bytes; a longer answer ends the stage."""
         try:
             body = answer.read(limit + 1)
+            missing = getattr(answer, "length", None)   # Content-Length left
         except Exception as exc:    # OSError, http.client.IncompleteRead...
             if allow_short:
                 return b""
             raise Fail(*classify_exception(exc, what, self.base))
         finally:
             answer.close()
+        if missing and len(body) <= limit and not allow_short:
+            raise Fail(EX_UNAVAILABLE, "%s: connection closed in mid-answer, %d "
+                       "bytes short" % (what, missing))
         if len(body) > limit and not allow_short:
             raise Fail(EX_UNAVAILABLE, "%s: answer larger than %d MiB, not what "
                        "Ollama sends" % (what, limit // (1024 * 1024)))
@@ -749,6 +753,7 @@ class Run(object):
         self.stage = None
         self.reason = ""
         self.trace = None           # traceback text of an internal error
+        self.wake = threading.Event()   # set when a stage starts or ends
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -762,6 +767,7 @@ class Run(object):
         budget = min(self.opts.timeout, left)
         stage = Stage(name, now, now + budget, optional)
         self.current = stage
+        self.wake.set()
         try:
             yield budget
         except TimedOut:
@@ -777,6 +783,7 @@ class Run(object):
         finally:
             if self.current is stage:
                 self.current = None
+            self.wake.set()
 
     def _record(self, stage, status, reason):
         with self._lock:
@@ -791,6 +798,7 @@ class Run(object):
             if self.code is not None:
                 return False
             self.code, self.stage, self.reason = code, stage, reason
+            self.wake.set()
             return True
 
     def timeout_reason(self, stage):
@@ -927,7 +935,8 @@ def supervise(run, work):
     worker = threading.Thread(target=target, name="gpu_preflight-check")
     worker.daemon = True
     worker.start()
-    while worker.is_alive() and run.code is None:
+    while run.code is None:
+        run.wake.clear()
         stage = run.current
         if stage is None or stage.optional:
             limit = run.deadline_at
@@ -935,7 +944,7 @@ def supervise(run, work):
             limit = min(stage.ends_at + STAGE_GRACE, run.deadline_at)
         left = limit - time.monotonic()
         if left > 0:
-            worker.join(left)
+            run.wake.wait(left)
         elif stage is not None and run.current is stage:
             run.expire(stage)
         elif time.monotonic() >= run.deadline_at:

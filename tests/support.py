@@ -1,0 +1,137 @@
+"""Shared helpers for the gpu_preflight tests (stdlib only, Python 3.6+).
+
+run_script() runs the real script as a subprocess the way cron does: an
+environment of only PATH=/usr/bin:/bin (no LANG, so the C locale), no TTY on
+any stream, and a session of its own. SyslogSink is a real UNIX datagram
+socket that receives what the script logs.
+"""
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+SCRIPT = os.path.join(REPO, "gpu_preflight.py")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+
+def load_script():
+    """Import gpu_preflight.py by path (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("gpu_preflight", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cron_env(**extra):
+    """The environment cron gives a job, plus what a test adds."""
+    env = {"PATH": "/usr/bin:/bin"}
+    env.update(extra)
+    return env
+
+
+class Result(object):
+    def __init__(self, code, stdout, stderr, elapsed):
+        self.code, self.stdout, self.stderr = code, stdout, stderr
+        self.elapsed = elapsed
+
+    def __repr__(self):
+        return "Result(code=%r, elapsed=%.2f, stdout=%r, stderr=%r)" % (
+            self.code, self.elapsed, self.stdout[:500], self.stderr[:500])
+
+
+def run_script(args, env=None, timeout=60, python=None):
+    """Run gpu_preflight.py under cron-like conditions; return a Result."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [python or sys.executable, SCRIPT] + list(args),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=cron_env() if env is None else env,
+        cwd="/", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError("gpu_preflight did not exit within %ss: %r"
+                             % (timeout, err))
+    return Result(proc.returncode, out.decode("ascii"), err.decode("ascii"),
+                  time.monotonic() - started)
+
+
+class SyslogSink(object):
+    """A UNIX datagram socket standing in for /dev/log."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="gpfl-log-")
+        self.path = os.path.join(self.dir, "log.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+
+    def messages(self, wait=2.0):
+        """Every datagram received so far, waiting up to `wait` for the first."""
+        got = []
+        self.sock.settimeout(wait)
+        try:
+            while True:
+                got.append(self.sock.recv(65536).decode("ascii"))
+                self.sock.settimeout(0.05)
+        except socket.timeout:
+            pass
+        return got
+
+    def close(self):
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def require_tool(testcase, name, path=None):
+    """The path of a tool, or skip; in CI a missing tool fails the test."""
+    found = path if path and os.path.exists(path) else shutil.which(name)
+    if found:
+        return found
+    message = "%s is not installed" % name
+    if IN_CI:
+        testcase.fail(message + " (CI=true: .ci/run must install it)")
+    raise unittest.SkipTest(message)
+
+
+def parse_fields(line):
+    """key=value fields of a log line; quoted values unescaped."""
+    fields, i = {}, 0
+    while i < len(line):
+        eq = line.find("=", i)
+        if eq < 0:
+            break
+        key = line[i:eq].strip()
+        if line[eq + 1:eq + 2] == '"':
+            j, value = eq + 2, []
+            while line[j] != '"':
+                if line[j] == "\\":
+                    j += 1
+                value.append(line[j])
+                j += 1
+            fields[key] = "".join(value)
+            i = j + 2
+        else:
+            end = line.find(" ", eq)
+            end = len(line) if end < 0 else end
+            fields[key] = line[eq + 1:end]
+            i = end + 1
+    return fields

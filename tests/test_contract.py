@@ -1,0 +1,495 @@
+"""Contract tests: the real script as a subprocess, cron-like, on loopback.
+
+Each test starts the Ollama emulator (tests/ollama_emu.py) in a mode, runs
+gpu_preflight.py with env -i PATH=/usr/bin:/bin and no TTY, and asserts the
+exit status, the time it took against the deadline, silence on stdout and
+stderr, the request the server saw, and the line on a real syslog socket.
+"""
+
+import json
+import os
+import pty
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import support
+from ollama_emu import Emulator, free_port
+
+#: Slack for process start-up and scheduling on a loaded 2-core machine when
+#: checking that a run ended inside its deadline. Not a performance figure.
+SLACK = 1.5
+
+
+class ContractCase(unittest.TestCase):
+    def setUp(self):
+        self.sink = support.SyslogSink()
+        self.addCleanup(self.sink.close)
+
+    def emulator(self, **kwargs):
+        emu = Emulator(**kwargs).start()
+        self.addCleanup(emu.stop)
+        return emu
+
+    def run_gp(self, args, env=None, log=True):
+        extra = ["--syslog-address", self.sink.path] if log else []
+        return support.run_script(list(args) + extra, env=env)
+
+    def log(self):
+        """The one syslog line of the run: (priority, fields)."""
+        messages = self.sink.messages()
+        self.assertEqual(len(messages), 1, messages)
+        head, _, body = messages[0].partition("]: ")
+        self.assertRegex(head, r"^<\d+>\w{3} [ \d]\d \d\d:\d\d:\d\d gpu_preflight\[\d+$")
+        return int(head[1:head.index(">")]), support.parse_fields(body)
+
+    def assertSkip(self, res, code, stage, text, deadline=None):
+        """A silent skip with this code, stage and reason text, logged."""
+        self.assertEqual(res.code, code, res)
+        self.assertEqual((res.stdout, res.stderr), ("", ""), "not silent under cron")
+        if deadline is not None:
+            self.assertLess(res.elapsed, deadline + SLACK, res)
+        priority, fields = self.log()
+        self.assertEqual(priority, 8 + (3 if code in (70, 78) else 4))
+        self.assertEqual((fields["result"], fields["code"]), ("skip", str(code)))
+        self.assertEqual(fields["stage"], stage)
+        self.assertIn(text, fields["reason"])
+        return fields
+
+    def generates(self, emu):
+        return [r for r in emu.requests if r[1] == "/api/generate"]
+
+
+class ReadyTest(ContractCase):
+    def test_ready_is_silent_logs_info_and_sends_the_native_one_token_request(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url])
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual((res.stdout, res.stderr), ("", ""))
+        priority, fields = self.log()
+        self.assertEqual(priority, 8 + 6)                  # user.info
+        self.assertEqual(fields["result"], "ready")
+        self.assertEqual(fields["model"], "llama3.2:latest")
+        self.assertEqual(fields["was_loaded"], "yes")
+        self.assertEqual(fields["vram_pct"], "100")
+        for stage in ("tags", "loaded", "warmup", "placement"):
+            self.assertRegex(fields[stage + "_ms"], r"^\d+$")
+        (body,) = [r[2] for r in self.generates(emu)]
+        self.assertEqual(body, {"model": "llama3.2:latest", "prompt": "test",
+                                "stream": False, "options": {"num_predict": 1}})
+
+    def test_json_is_one_object_on_stdout(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--json"])
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(res.stderr, "")
+        self.assertEqual(res.stdout.count("\n"), 1)
+        doc = json.loads(res.stdout)
+        self.assertTrue(doc["ready"])
+        self.assertEqual(doc["exit_code"], 0)
+        self.assertEqual(doc["host"], emu.url)
+        self.assertEqual(doc["model"], "llama3.2:latest")
+        self.assertEqual([s["name"] for s in doc["stages"]],
+                         ["tags", "loaded", "warmup", "placement"])
+        self.assertTrue(all(s["status"] == "ok" for s in doc["stages"]))
+        self.assertIsInstance(doc["elapsed_ms"], float)
+        self.assertRegex(doc["version"], r"^\d+\.\d+\.\d+$")
+
+    def test_json_on_failure_names_the_stage(self):
+        emu = self.emulator(mode="busy")
+        doc = json.loads(self.run_gp(["--host", emu.url, "--json"]).stdout)
+        self.assertEqual((doc["ready"], doc["exit_code"], doc["stage"]),
+                         (False, 75, "warmup"))
+        self.assertEqual(doc["stages"][-1]["status"], "fail")
+        self.assertIn("server busy", doc["stages"][-1]["reason"])
+
+    def test_keep_alive_is_sent_only_when_given_in_a_form_ollama_accepts(self):
+        emu = self.emulator()
+        for value, sent in (("-1", -1), ("600", 600), ("10m", "10m")):
+            self.assertEqual(self.run_gp(["--host", emu.url, "--keep-alive", value],
+                                         log=False).code, 0)
+            self.assertEqual(self.generates(emu)[-1][2]["keep_alive"], sent)
+        self.run_gp(["--host", emu.url], log=False)
+        self.assertNotIn("keep_alive", self.generates(emu)[-1][2])
+
+    def test_ollama_options_match_the_job_and_num_predict_stays_one(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--ollama-option", "num_ctx=8192",
+                           "--ollama-option", "num_gpu=99"], log=False)
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(self.generates(emu)[0][2]["options"],
+                         {"num_ctx": 8192, "num_gpu": 99, "num_predict": 1})
+
+    def test_short_model_name_matches_latest(self):
+        emu = self.emulator(models=("qwen3:8b", "llama3.2:latest"), loaded=(),
+                            load_seconds=0.2)
+        res = self.run_gp(["--host", emu.url, "--model", "llama3.2"],
+                          log=False)
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(self.generates(emu)[0][2]["model"], "llama3.2:latest")
+
+    def test_default_model_is_a_loaded_one_else_the_first_listed(self):
+        emu = self.emulator(models=("a:latest", "b:latest"), loaded=("b:latest",))
+        self.assertEqual(self.run_gp(["--host", emu.url], log=False).code, 0)
+        self.assertEqual(self.generates(emu)[0][2]["model"], "b:latest")
+        cold = self.emulator(models=("a:latest", "b:latest"), loaded=(), load_seconds=0.2)
+        res = self.run_gp(["--host", cold.url])
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(self.generates(cold)[0][2]["model"], "a:latest")
+        self.assertEqual(self.log()[1]["was_loaded"], "no")
+
+    def test_warmup_load_and_off(self):
+        emu = self.emulator()
+        self.assertEqual(self.run_gp(["--host", emu.url, "--warmup", "load"],
+                                     log=False).code, 0)
+        self.assertEqual(self.generates(emu)[0][2]["prompt"], "")
+        res = self.run_gp(["--host", emu.url, "--warmup", "off", "--model", "llama3.2"])
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(len(self.generates(emu)), 1)
+        self.assertIn("warm-up off", self.log()[1]["reason"])
+
+    def test_partial_offload_is_ready_and_reported(self):
+        emu = self.emulator(mode="partial")
+        self.assertEqual(self.run_gp(["--host", emu.url]).code, 0)
+        fields = self.log()[1]
+        self.assertEqual(fields["vram_pct"], "45")
+        self.assertIn("partial offload", fields["reason"])
+
+    def test_cold_model_that_loads_in_time(self):
+        emu = self.emulator(loaded=(), load_seconds=1.0)
+        res = self.run_gp(["--host", emu.url, "--timeout", "5"])
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(self.log()[1]["was_loaded"], "no")
+        self.assertIn("llama3.2:latest", emu.loaded)
+
+    def test_ipv6_loopback_and_ollama_host(self):
+        try:
+            emu = self.emulator(host="::1")
+        except OSError as exc:
+            self.fail("no IPv6 loopback here: %s" % exc)
+        env = support.cron_env(OLLAMA_HOST="[::1]:%d" % emu.port)
+        res = self.run_gp([], env=env)
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(self.log()[1]["host"], "http://[::1]:%d" % emu.port)
+
+    def test_options_from_environment_and_config_file(self):
+        emu = self.emulator(models=("a:latest", "b:latest"), loaded=(), load_seconds=0.2)
+        conf = os.path.join(self.sink.dir, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\nhost = %s\nmodel = a\n" % emu.url)
+        env = support.cron_env(GPU_PREFLIGHT_CONFIG=conf, GPU_PREFLIGHT_MODEL="b",
+                               GPU_PREFLIGHT_TIMEOUT="5")
+        self.assertEqual(self.run_gp([], env=env, log=False).code, 0)
+        self.assertEqual(self.generates(emu)[-1][2]["model"], "b:latest")
+        res = self.run_gp(["--model", "a"], env=env, log=False)
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(self.generates(emu)[-1][2]["model"], "a:latest")
+
+
+class UnavailableTest(ContractCase):
+    def test_refused_port(self):
+        port = free_port()
+        res = self.run_gp(["--host", "127.0.0.1:%d" % port])
+        self.assertSkip(res, 69, "tags", "connection refused", deadline=10)
+
+    def test_unresolvable_host(self):
+        res = self.run_gp(["--host", "http://no-such-host.invalid:11434", "--deadline", "4"])
+        self.assertEqual((res.stdout, res.stderr), ("", ""))
+        self.assertLess(res.elapsed, 4 + SLACK)
+        self.assertIn(res.code, (69, 75), res)
+        fields = self.log()[1]
+        self.assertIn("cannot resolve" if res.code == 69 else "timed out",
+                      fields["reason"])
+
+    def test_close_mid_body(self):
+        emu = self.emulator(mode="close_mid_body", fault_on="/api/tags")
+        res = self.run_gp(["--host", emu.url])
+        self.assertSkip(res, 69, "tags", "closed", deadline=10)
+
+    def test_garbage_and_truncated_json(self):
+        for mode in ("garbage", "truncated"):
+            emu = self.emulator(mode=mode, fault_on="/api/tags")
+            res = self.run_gp(["--host", emu.url])
+            self.assertSkip(res, 69, "tags", "not JSON")
+
+    def test_huge_body_is_cut_off(self):
+        emu = self.emulator(mode="huge", fault_on="/api/tags")
+        res = self.run_gp(["--host", emu.url])
+        self.assertSkip(res, 69, "tags", "larger than 4 MiB", deadline=10)
+
+    def test_runner_errors(self):
+        cases = (("cuda_error", 69, "illegal memory access"),
+                 ("runner_died", 69, "unexpectedly stopped"),
+                 ("no_done", 69, "before done"),
+                 ("oom", 75, "unable to allocate CUDA0 buffer"),
+                 ("load_timeout", 75, "timed out waiting for llama runner"),
+                 ("busy", 75, "server busy"),
+                 ("error_in_200", 75, "error from the model"),
+                 ("pull_first", 78, "try pulling it first"))
+        for mode, code, text in cases:
+            with self.subTest(mode=mode):
+                emu = self.emulator(mode=mode)
+                self.assertSkip(self.run_gp(["--host", emu.url]), code, "warmup", text)
+
+    def test_cpu_fallback_fails_unless_allowed(self):
+        emu = self.emulator(mode="cpu")
+        self.assertSkip(self.run_gp(["--host", emu.url]), 69, "placement", "runs on the CPU")
+        res = self.run_gp(["--host", emu.url, "--allow-cpu"], log=False)
+        self.assertEqual(res.code, 0, res)
+
+    def test_syslog_daemon_absent_costs_nothing(self):
+        emu = self.emulator()
+        res = support.run_script(["--host", emu.url, "--syslog-address",
+                                  os.path.join(self.sink.dir, "absent.sock")])
+        self.assertEqual((res.code, res.stdout, res.stderr), (0, "", ""), res)
+
+
+class ConfigurationTest(ContractCase):
+    def test_model_not_present_names_it_and_sends_no_warmup(self):
+        emu = self.emulator()
+        fields = self.assertSkip(self.run_gp(["--host", emu.url, "--model", "mistral"]),
+                                 78, "tags", "mistral")
+        self.assertIn("not present", fields["reason"])
+        self.assertEqual(self.generates(emu), [])
+
+    def test_no_models_at_all(self):
+        emu = self.emulator(models=(), loaded=())
+        self.assertSkip(self.run_gp(["--host", emu.url]), 78, "tags", "no models")
+
+    def test_not_ollama_and_host_guard(self):
+        for mode, text in (("not_ollama", "not an Ollama server"),
+                           ("hostguard", "403")):
+            emu = self.emulator(mode=mode)
+            self.assertSkip(self.run_gp(["--host", emu.url]), 78, "tags", text)
+
+    def test_bad_config_file_is_silent_and_logged_as_err(self):
+        conf = os.path.join(self.sink.dir, "bad.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\ntimeout = soon\n")
+        res = self.run_gp(["--config", conf])
+        self.assertSkip(res, 78, "config", "timeout")
+
+    def test_bad_environment_value(self):
+        res = self.run_gp([], env=support.cron_env(GPU_PREFLIGHT_WARMUP="full"))
+        self.assertSkip(res, 78, "config", "GPU_PREFLIGHT_WARMUP")
+
+    def test_usage_error_speaks_on_stderr_even_under_cron(self):
+        res = self.run_gp(["--timeout", "soon"])
+        self.assertEqual(res.code, 64)
+        self.assertEqual(res.stdout, "")
+        self.assertEqual(len(res.stderr.splitlines()), 1)
+        self.assertIn("--timeout", res.stderr)
+
+
+class TimeBoundTest(ContractCase):
+    """Faults that a socket timeout alone does not bound."""
+
+    def test_accept_and_never_answer(self):
+        emu = self.emulator(mode="hang")
+        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--deadline", "5"])
+        self.assertSkip(res, 75, "tags", "timed out after 1s", deadline=1)
+
+    def test_trickle_is_cut_at_the_stage_budget(self):
+        emu = self.emulator(mode="trickle", fault_on="/api/generate")
+        res = self.run_gp(["--host", emu.url, "--timeout", "2", "--deadline", "10"])
+        fields = self.assertSkip(res, 75, "warmup", "timed out after 2s", deadline=2)
+        self.assertLess(int(fields["warmup_ms"]), 2500)     # cut at its budget
+
+    def test_trickle_is_cut_at_the_deadline(self):
+        emu = self.emulator(mode="trickle", fault_on="/api/tags")
+        res = self.run_gp(["--host", emu.url, "--timeout", "30", "--deadline", "2"])
+        self.assertSkip(res, 75, "tags", "deadline of 2s", deadline=2)
+
+    def test_startup_window(self):
+        emu = self.emulator(mode="slow_start", load_seconds=30)
+        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--deadline", "3"])
+        self.assertSkip(res, 75, "tags", "timed out", deadline=1)
+
+    def test_cold_model_trap_names_the_fix_and_the_load_is_aborted(self):
+        emu = self.emulator(loaded=(), load_seconds=6)
+        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--deadline", "4"])
+        fields = self.assertSkip(res, 75, "warmup", "was not loaded", deadline=4)
+        self.assertIn("--timeout", fields["reason"])
+        self.assertIn("keep", fields["reason"])
+        self.assertEqual(fields["was_loaded"], "no")
+        time.sleep(0.5)
+        self.assertEqual(set(emu.loaded), set())
+
+
+class ProxyTest(ContractCase):
+    """Loopback never goes through http_proxy; other hosts honour no_proxy."""
+
+    def test_loopback_ignores_proxy(self):
+        emu = self.emulator()
+        dead = "http://127.0.0.1:%d" % free_port()
+        env = support.cron_env(http_proxy=dead, HTTP_PROXY=dead, https_proxy=dead)
+        res = self.run_gp(["--host", emu.url], env=env)
+        self.assertEqual(res.code, 0, res)
+
+    def test_remote_host_uses_proxy_unless_no_proxy(self):
+        emu = self.emulator()
+        proxy = ForwardProxy(emu.port)
+        self.addCleanup(proxy.stop)
+        env = support.cron_env(http_proxy="http://127.0.0.1:%d" % proxy.port)
+        host = "http://gpu-node.example:11434"
+        res = self.run_gp(["--host", host], env=env, log=False)
+        self.assertEqual(res.code, 0, res)
+        self.assertIn("http://gpu-node.example:11434/api/generate", proxy.seen)
+        env["no_proxy"] = "gpu-node.example"
+        before = len(proxy.seen)
+        res = self.run_gp(["--host", host, "--deadline", "4"], env=env, log=False)
+        self.assertIn(res.code, (69, 75), res)
+        self.assertEqual(len(proxy.seen), before)
+
+
+class ForwardProxy(object):
+    """A minimal HTTP proxy on loopback that forwards to one local port."""
+
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.seen = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self.serve)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                head += chunk
+            line, _, rest = head.partition(b"\r\n")
+            length = [int(h.split(b":", 1)[1]) for h in rest.split(b"\r\n")
+                      if h.lower().startswith(b"content-length:")]
+            while length and len(rest.partition(b"\r\n\r\n")[2]) < length[0]:
+                rest += conn.recv(65536)
+            method, url, version = line.decode("ascii").split(" ")
+            self.seen.append(url)
+            path = "/" + url.split("://", 1)[1].split("/", 1)[1]
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            upstream.sendall(("%s %s %s\r\n" % (method, path, version)).encode() + rest)
+            while True:
+                data = upstream.recv(65536)
+                if not data:
+                    break
+                conn.sendall(data)
+            upstream.close()
+            conn.close()
+
+    def stop(self):
+        self.sock.close()
+
+
+class SignalTest(ContractCase):
+    def run_and_signal(self, signum):
+        emu = self.emulator(mode="hang")
+        proc = subprocess.Popen(
+            [sys.executable, support.SCRIPT, "--host", emu.url, "--timeout", "30",
+             "--deadline", "60", "--syslog-address", self.sink.path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=support.cron_env(), start_new_session=True)
+        until = time.monotonic() + 10
+        while emu.count("GET", "/api/tags") == 0 and time.monotonic() < until:
+            time.sleep(0.02)
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=10)
+        return proc.returncode, time.monotonic() - sent, out, err
+
+    def test_sigterm_exits_143_with_a_log_line(self):
+        code, took, out, err = self.run_and_signal(signal.SIGTERM)
+        self.assertEqual((code, out, err), (143, b"", b""))
+        self.assertLess(took, 1.0)
+        fields = self.log()[1]
+        self.assertEqual(fields["code"], "143")
+        self.assertIn("interrupted by SIGTERM during GET /api/tags", fields["reason"])
+
+    def test_sigint_exits_130(self):
+        code, took, out, err = self.run_and_signal(signal.SIGINT)
+        self.assertEqual((code, out, err), (130, b"", b""))
+        self.assertIn("SIGINT", self.log()[1]["reason"])
+
+
+class TerminalTest(ContractCase):
+    """On a terminal a failure says one line; under cron nothing unless -v."""
+
+    def run_on_tty(self, args):
+        master, slave = pty.openpty()
+        self.addCleanup(os.close, master)
+        proc = subprocess.Popen([sys.executable, support.SCRIPT] + args + ["--no-syslog"],
+                                stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                                env=support.cron_env())
+        os.close(slave)
+        output = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:          # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        return proc.wait(10), output.decode("ascii").replace("\r\n", "\n")
+
+    def test_failure_prints_one_line_on_a_terminal(self):
+        code, text = self.run_on_tty(["--host", "127.0.0.1:%d" % free_port()])
+        self.assertEqual(code, 69)
+        self.assertEqual(len(text.splitlines()), 1, text)
+        self.assertRegex(text, r"^gpu_preflight: skip \(69, tags\): connection refused")
+
+    def test_ready_and_quiet_print_nothing_on_a_terminal(self):
+        emu = self.emulator()
+        self.assertEqual(self.run_on_tty(["--host", emu.url]), (0, ""))
+        self.assertEqual(self.run_on_tty(["--host", "127.0.0.1:%d" % free_port(),
+                                          "-q"]), (69, ""))
+
+    def test_verbose_prints_the_log_line_even_under_cron(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "-v"])
+        self.assertEqual(res.code, 0)
+        self.assertEqual(res.stdout, "")
+        self.assertRegex(res.stderr, r"^gpu_preflight: result=ready code=0 ")
+        self.assertEqual(len(res.stderr.splitlines()), 1)
+
+
+class InternalErrorTest(unittest.TestCase):
+    """A bug is 70 with one line; the traceback only with --debug."""
+
+    def test_bug_in_a_stage(self):
+        gp = support.load_script()
+
+        def broken(run, client):
+            raise KeyError("boom")
+        gp.check_service = broken
+        import io
+        for args, traced in (([], False), (["--debug"], True)):
+            err = io.StringIO()
+            saved, sys.stderr = sys.stderr, err
+            try:
+                code = gp.main(["--no-syslog", "--host", "127.0.0.1:9"] + args)
+            finally:
+                sys.stderr = saved
+            self.assertEqual(code, 70)
+            lines = err.getvalue().splitlines()
+            self.assertIn("internal error: KeyError", lines[0])
+            self.assertEqual("Traceback" in err.getvalue(), traced)
+            if not traced:
+                self.assertEqual(len(lines), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

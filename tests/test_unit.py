@@ -1,0 +1,380 @@
+"""Unit tests of gpu_preflight's pure parts, imported in-process."""
+
+import os
+import tempfile
+import unittest
+
+import support
+
+gp = support.load_script()
+
+
+class OllamaHostTest(unittest.TestCase):
+    """OLLAMA_HOST as Ollama parses it: the whole table of ollama-api.md 9."""
+
+    TABLE = [
+        ("", "http://127.0.0.1:11434"),
+        ("1.2.3.4", "http://1.2.3.4:11434"),
+        (":1234", "http://:1234"),
+        ("example.com:1234", "http://example.com:1234"),
+        (":66000", "http://:11434"),
+        (":-1", "http://:11434"),
+        ("[::1]", "http://[::1]:11434"),
+        ("::1", "http://[::1]:11434"),
+        ("[::]", "http://[::]:11434"),
+        ("[::1]:1337", "http://[::1]:1337"),
+        (' "1.2.3.4" ', "http://1.2.3.4:11434"),
+        ("'1.2.3.4'", "http://1.2.3.4:11434"),
+        ("http://1.2.3.4", "http://1.2.3.4:80"),
+        ("https://1.2.3.4", "https://1.2.3.4:443"),
+        ("https://example.com/ollama", "https://example.com:443/ollama"),
+        ("ollama.com", "https://ollama.com:443"),
+        ("http://gpu1:11434/", "http://gpu1:11434"),
+        ("gpu1", "http://gpu1:11434"),
+    ]
+
+    def test_table(self):
+        for value, want in self.TABLE:
+            with self.subTest(value=value):
+                self.assertEqual(gp.parse_ollama_host(value)[0], want)
+
+    def test_bad_port_warns_and_falls_back(self):
+        url, warning = gp.parse_ollama_host(":66000")
+        self.assertEqual(url, "http://:11434")
+        self.assertIn("66000", warning)
+        self.assertIsNone(gp.parse_ollama_host("h:1")[1])
+
+    def test_host_flag_rejects_what_ollama_would_paper_over(self):
+        self.assertEqual(gp.host_url("gpu1:8080/"), "http://gpu1:8080")
+        with self.assertRaises(ValueError):
+            gp.host_url("gpu1:99999")
+        with self.assertRaises(ValueError):
+            gp.host_url("ftp://gpu1")
+
+    def test_loopback_detection(self):
+        for host in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]",
+                     "0.0.0.0", "", "x.localhost"):
+            self.assertTrue(gp.is_loopback(host), host)
+        for host in ("10.0.0.1", "gpu1", "example.com", "128.0.0.1"):
+            self.assertFalse(gp.is_loopback(host), host)
+
+
+class ModelNameTest(unittest.TestCase):
+    def test_latest_is_implied(self):
+        self.assertEqual(gp.normalise_model("llama3.2"), "llama3.2:latest")
+        self.assertEqual(gp.normalise_model("user/m"), "user/m:latest")
+        self.assertEqual(gp.normalise_model("qwen3:8b"), "qwen3:8b")
+        self.assertEqual(gp.normalise_model("registry.ollama.ai/library/llama3.2"),
+                         "llama3.2:latest")
+        self.assertEqual(gp.normalise_model("myreg:5000/ns/m"), "myreg:5000/ns/m:latest")
+
+    def test_same_model(self):
+        self.assertTrue(gp.same_model("llama3.2", "llama3.2:latest"))
+        self.assertTrue(gp.same_model("Llama3.2:Latest", "llama3.2"))
+        self.assertFalse(gp.same_model("llama3.2:1b", "llama3.2"))
+        self.assertFalse(gp.same_model("llama3", "llama3.2"))
+
+
+class ValueParserTest(unittest.TestCase):
+    def test_keep_alive_forms_ollama_accepts(self):
+        self.assertEqual(gp.parse_keep_alive("-1"), -1)
+        self.assertIsInstance(gp.parse_keep_alive("-1"), int)
+        self.assertEqual(gp.parse_keep_alive("600"), 600)
+        self.assertEqual(gp.parse_keep_alive("1.5"), 1.5)
+        self.assertEqual(gp.parse_keep_alive("10m"), "10m")
+        self.assertEqual(gp.parse_keep_alive("1h30m"), "1h30m")
+        self.assertEqual(gp.parse_keep_alive("-1m"), "-1m")
+        for bad in ("abc", "10 m", "m", "", "10x"):
+            with self.assertRaises(ValueError):
+                gp.parse_keep_alive(bad)
+
+    def test_ollama_option(self):
+        self.assertEqual(gp.parse_ollama_option("num_ctx=8192"), ("num_ctx", 8192))
+        self.assertEqual(gp.parse_ollama_option("use_mmap=false"), ("use_mmap", False))
+        self.assertEqual(gp.parse_ollama_option("stop=[\"a\"]"), ("stop", ["a"]))
+        self.assertEqual(gp.parse_ollama_option("name=abc"), ("name", "abc"))
+        for bad in ("num_ctx", "=1", "Num-Ctx=1", "num_predict=5"):
+            with self.assertRaises(ValueError):
+                gp.parse_ollama_option(bad)
+
+    def test_seconds_and_choices(self):
+        self.assertEqual(gp.parse_seconds("2.5"), 2.5)
+        for bad in ("0", "-1", "x", "nan", "inf"):
+            with self.assertRaises(ValueError):
+                gp.parse_seconds(bad)
+        self.assertEqual(gp.parse_warmup("load"), "load")
+        with self.assertRaises(ValueError):
+            gp.parse_warmup("full")
+        self.assertEqual(gp.parse_facility("local3"), 19)
+        self.assertEqual(gp.parse_facility("USER"), 1)
+        with self.assertRaises(ValueError):
+            gp.parse_facility("local9")
+
+    def test_syslog_address(self):
+        self.assertEqual(gp.parse_syslog_address("/dev/log"), "/dev/log")
+        self.assertEqual(gp.parse_syslog_address("logs.example:514"),
+                         ("logs.example", 514))
+        self.assertEqual(gp.parse_syslog_address("[::1]:5514"), ("::1", 5514))
+        for bad in ("logs.example", "host:0", "host:x", ":514"):
+            with self.assertRaises(ValueError):
+                gp.parse_syslog_address(bad)
+
+    def test_bool(self):
+        self.assertTrue(gp.parse_bool("Yes"))
+        self.assertFalse(gp.parse_bool("0"))
+        with self.assertRaises(ValueError):
+            gp.parse_bool("maybe")
+
+
+class GenerateAnswerTest(unittest.TestCase):
+    def test_single_object(self):
+        final, error = gp.parse_generate(b'{"response":"x","done":true}')
+        self.assertTrue(final["done"])
+        self.assertIsNone(error)
+
+    def test_ndjson_stream_and_error_line(self):
+        stream = b'{"response":"a","done":false}\n{"response":"","done":true}\n'
+        self.assertTrue(gp.parse_generate(stream)[0]["done"])
+        broken = b'{"response":"a","done":false}\n{"error":"CUDA error: boom"}\n'
+        self.assertEqual(gp.parse_generate(broken)[1], "CUDA error: boom")
+
+    def test_openai_style_error_and_garbage(self):
+        body = b'{"error":{"message":"Loading model","code":503}}'
+        self.assertEqual(gp.parse_generate(body)[1], "Loading model")
+        for bad in (b"<html>", b'{"done":tr', b"[1,2]", b""):
+            with self.assertRaises(ValueError):
+                gp.parse_generate(bad)
+
+
+class ClassifyTest(unittest.TestCase):
+    """Every error string of ollama-api.md section 8, and the HTTP answers."""
+
+    RUNNER = [
+        ("model requires more system memory (5.0 GiB) than is available (3.9 GiB)", 75),
+        ("llama runner process has terminated: error loading model: unable to "
+         "allocate CUDA0 buffer", 75),
+        ("llama runner process has terminated: error loading model: unable to "
+         "allocate backend buffer", 75),
+        ("llama runner process has terminated: CUDA error: out of memory", 75),
+        ("llama-server process has terminated: cudaMalloc failed: out of memory", 75),
+        ("llama runner process has terminated: exit status 2", 69),
+        ("llama runner process has terminated: exit status 0xc0000409", 69),
+        ("model runner has unexpectedly stopped, this may be due to resource "
+         "limitations or an internal error, check ollama server logs for details", 69),
+        ('POST predict: Post "http://127.0.0.1:39149/completion": EOF', 69),
+        ("an error was encountered while running the model: CUDA error: an "
+         "illegal memory access was encountered", 69),
+        ("llama runner process no longer running: 1 error", 69),
+        ("server not responding", 69),
+        ("timed out waiting for llama runner to start - progress 0.00 - ", 75),
+        ("timed out waiting for llama-server to start - loading", 75),
+        ("unable to load full model on GPU", 69),
+        ('model "llama3.2" not found, try pulling it first', 78),
+        ("model 'x' not found", 78),
+        ('option "num_predict" must be of type integer', 78),
+        ("server busy, please try again.  maximum pending requests exceeded", 75),
+        ('"bert" does not support generate', 78),
+        ("unexpected server status: llm busy - no slots available", 69),
+    ]
+
+    def test_runner_errors(self):
+        for message, code in self.RUNNER:
+            with self.subTest(message=message):
+                self.assertEqual(gp.classify_runner_error(message), code)
+
+    def test_http_answers(self):
+        gen, tags = "POST /api/generate", "GET /api/tags"
+        cases = [
+            (tags, 404, b"404 page not found", 78, "not an Ollama server"),
+            (tags, 405, b"405 method not allowed", 78, "not an Ollama server"),
+            (tags, 403, b"", 78, "host guard"),
+            (tags, 500, b'{"error":"model list cache unavailable"}', 69, "HTTP 500"),
+            (tags, 503, b'{"error":{"message":"Loading model","code":503}}', 75,
+             "Loading model"),
+            (gen, 404, b'{"error":"model \'x\' not found"}', 78, "not found"),
+            (gen, 400, b'{"error":"time: missing unit in duration \\"10\\""}', 78,
+             "missing unit"),
+            (gen, 503, b'{"error":"server busy, please try again.  maximum pending '
+             b'requests exceeded"}', 75, "server busy"),
+            (gen, 500, b'{"error":"llama runner process has terminated: CUDA error: '
+             b'out of memory"}', 75, "out of memory"),
+            (gen, 500, b'{"error":"llama runner process has terminated: exit '
+             b'status 2"}', 69, "exit status 2"),
+            (gen, 401, b'{"detail":"Invalid API key"}', 78, "authentication"),
+        ]
+        for what, status, body, code, text in cases:
+            with self.subTest(status=status, body=body):
+                got_code, reason = gp.classify_answer(what, status, body)
+                self.assertEqual(got_code, code)
+                self.assertIn(text, reason)
+
+
+class SanitiseTest(unittest.TestCase):
+    def test_control_characters_and_length(self):
+        text = gp.sanitise("a\nb\r\x1b[31mc\x00" + "x" * 500)
+        self.assertNotRegex(text, r"[\x00-\x1f\x7f]")
+        self.assertLessEqual(len(text), gp.SERVER_TEXT_MAX)
+        self.assertTrue(text.endswith("..."))
+
+    def test_non_ascii_is_escaped(self):
+        self.assertEqual(gp.sanitise("caf\u00e9 \u2028x"), "caf\\xe9 \\u2028x")
+
+    def test_quoted_field_cannot_be_closed_early(self):
+        forged = 'boom" result=ready code=0 x="'
+        line = 'reason=%s host=h' % gp.quote(forged)
+        fields = support.parse_fields(line)
+        self.assertEqual(fields["reason"], forged)
+        self.assertEqual(fields["host"], "h")
+        self.assertNotIn("result", fields)
+
+    def test_log_value_quotes_when_needed(self):
+        self.assertEqual(gp.log_value("llama3.2:latest"), "llama3.2:latest")
+        self.assertEqual(gp.log_value("a b"), '"a b"')
+        self.assertEqual(gp.log_value(None), "-")
+
+
+class SyslogMessageTest(unittest.TestCase):
+    def test_priority_timestamp_and_tag(self):
+        msg = gp.syslog_message("result=ready", gp.SEV_INFO, 19, False,
+                                now=0).decode("ascii")
+        self.assertRegex(msg, r"^<158>[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d "
+                              r"gpu_preflight\[\d+\]: result=ready$")
+        udp = gp.syslog_message("x", gp.SEV_ERR, 1, True).decode("ascii")
+        self.assertRegex(udp, r"^<11>\w{3} [ 0-9]\d \d\d:\d\d:\d\d \S+ gpu_preflight\[")
+
+    def test_severity(self):
+        self.assertEqual(gp.severity_of(0), gp.SEV_INFO)
+        self.assertEqual(gp.severity_of(75), gp.SEV_WARNING)
+        self.assertEqual(gp.severity_of(69), gp.SEV_WARNING)
+        self.assertEqual(gp.severity_of(78), gp.SEV_ERR)
+        self.assertEqual(gp.severity_of(70), gp.SEV_ERR)
+
+    def test_send_never_raises_without_a_listener(self):
+        missing = os.path.join(tempfile.mkdtemp(), "nothing.sock")
+        self.assertIn("syslog", gp.send_syslog("x", 6, 1, missing))
+
+
+class ConfigPrecedenceTest(unittest.TestCase):
+    """flags > GPU_PREFLIGHT_* > config file > OLLAMA_HOST > defaults."""
+
+    def resolve(self, argv=(), env=None, file_values=None):
+        ns = gp.build_parser().parse_args(list(argv))
+        return gp.resolve_options(ns, env or {}, file_values or {})
+
+    def test_defaults(self):
+        opts = self.resolve()
+        self.assertEqual(opts.host, "http://127.0.0.1:11434")
+        self.assertEqual((opts.timeout, opts.deadline, opts.warmup), (3.0, 10.0, "token"))
+        self.assertIsNone(opts.keep_alive)
+        self.assertEqual(opts.syslog_address, "/dev/log")
+
+    def test_precedence_chain(self):
+        env = {"GPU_PREFLIGHT_TIMEOUT": "5", "GPU_PREFLIGHT_MODEL": "envmodel"}
+        file_values = {"timeout": "7", "model": "filemodel", "deadline": "20"}
+        opts = self.resolve(["--timeout", "4"], env, file_values)
+        self.assertEqual(opts.timeout, 4.0)          # flag beats env and file
+        self.assertEqual(opts.model, "envmodel")     # env beats file
+        self.assertEqual(opts.deadline, 20.0)        # file beats default
+
+    def test_ollama_host_is_only_the_last_default(self):
+        env = {"OLLAMA_HOST": "http://1.2.3.4"}
+        self.assertEqual(self.resolve([], env).host, "http://1.2.3.4:80")
+        self.assertEqual(self.resolve([], env, {"host": "h2"}).host, "http://h2:11434")
+        env["GPU_PREFLIGHT_HOST"] = "h3:1"
+        self.assertEqual(self.resolve([], env, {"host": "h2"}).host, "http://h3:1")
+        self.assertEqual(self.resolve(["--host", "h4:2"], env).host, "http://h4:2")
+
+    def test_flags_and_lists_from_env(self):
+        env = {"GPU_PREFLIGHT_ALLOW_CPU": "yes", "GPU_PREFLIGHT_NO_SYSLOG": "1",
+               "GPU_PREFLIGHT_OLLAMA_OPTION": "num_ctx=8192 num_gpu=99",
+               "GPU_PREFLIGHT_KEEP_ALIVE": "-1"}
+        opts = self.resolve([], env)
+        self.assertTrue(opts.allow_cpu and opts.no_syslog)
+        self.assertEqual(opts.ollama_option, {"num_ctx": 8192, "num_gpu": 99})
+        self.assertEqual(opts.keep_alive, -1)
+
+    def test_bad_values_name_their_source(self):
+        with self.assertRaisesRegex(gp.ConfigError, "GPU_PREFLIGHT_TIMEOUT"):
+            self.resolve([], {"GPU_PREFLIGHT_TIMEOUT": "soon"})
+        with self.assertRaisesRegex(gp.ConfigError, "config file: warmup"):
+            self.resolve([], {}, {"warmup": "maybe"})
+        with self.assertRaisesRegex(gp.ConfigError, "exclude"):
+            self.resolve(["-v", "-q"])
+
+    def test_bad_flag_value_is_a_usage_error(self):
+        with self.assertRaises(gp.UsageError):
+            gp.build_parser().parse_args(["--deadline", "0"])
+        with self.assertRaises(gp.UsageError):
+            gp.build_parser().parse_args(["--keep-alive", "soon"])
+
+    def test_config_file(self):
+        tmp = tempfile.mkdtemp()
+        good = os.path.join(tmp, "good.conf")
+        with open(good, "w") as handle:
+            handle.write("[gpu_preflight]\nmodel = m1\nkeep_alive = 10m\n"
+                         "ollama-option = num_ctx=4096\n  num_gpu=1\n")
+        values = gp.read_config_file(good, True)
+        self.assertEqual(values["model"], "m1")
+        self.assertEqual(values["keep-alive"], "10m")
+        opts = self.resolve([], {}, values)
+        self.assertEqual(opts.ollama_option, {"num_ctx": 4096, "num_gpu": 1})
+        self.assertEqual(gp.read_config_file(os.path.join(tmp, "none"), False), {})
+        for text, message in (("[other]\nx=1\n", "no \\[gpu_preflight\\]"),
+                              ("[gpu_preflight]\ntimeuot = 3\n", "unknown key"),
+                              ("garbage without section\n", "bad config file")):
+            path = os.path.join(tmp, "bad.conf")
+            with open(path, "w") as handle:
+                handle.write(text)
+            with self.assertRaisesRegex(gp.ConfigError, message):
+                gp.read_config_file(path, True)
+        with self.assertRaisesRegex(gp.ConfigError, "cannot read"):
+            gp.read_config_file(os.path.join(tmp, "none"), True)
+
+    def test_configure_keeps_flag_syslog_settings_on_config_error(self):
+        ns = gp.build_parser().parse_args(
+            ["--config", "/nonexistent/x.conf", "--syslog-address", "/tmp/s.sock"])
+        opts, problem = gp.configure(ns, {})
+        self.assertIn("cannot read config file", problem)
+        self.assertEqual(opts.syslog_address, "/tmp/s.sock")
+
+
+def quietly(function, *args):
+    """Call function with stdout and stderr captured; (result, out, err)."""
+    import io
+    import sys
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        return function(*args), out.getvalue(), err.getvalue()
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+class MainInProcessTest(unittest.TestCase):
+    def test_usage_error_returns_64(self):
+        code, out, err = quietly(gp.main, ["--warmup", "maybe"])
+        self.assertEqual((code, out), (gp.EX_USAGE, ""))
+        self.assertIn("choose token, load or off", err)
+
+    def test_version_returns_0(self):
+        code, out, err = quietly(gp.main, ["--version"])
+        self.assertEqual(code, 0)
+        self.assertRegex(out, r"^gpu_preflight \d+\.\d+\.\d+ \(Python 3\.\d+")
+
+    def test_import_leaves_signals_and_threads_alone(self):
+        import signal
+        import threading
+        before = threading.active_count()
+        support.load_script()
+        self.assertEqual(threading.active_count(), before)
+        self.assertIs(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)
+
+    def test_main_restores_signal_handlers(self):
+        import signal
+        quietly(gp.main, ["--version"])
+        self.assertIs(signal.getsignal(signal.SIGTERM), signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    unittest.main()
