@@ -76,8 +76,11 @@ class ReadyTest(ContractCase):
         self.assertEqual(fields["model"], "llama3.2:latest")
         self.assertEqual(fields["was_loaded"], "yes")
         self.assertEqual(fields["vram_pct"], "100")
-        for stage in ("tags", "loaded", "warmup", "placement"):
+        for stage in ("tags", "loaded", "warmup"):
             self.assertRegex(fields[stage + "_ms"], r"^\d+$")
+        # resident before and not reloaded: its /api/ps entry is not read twice
+        self.assertNotIn("placement_ms", fields)
+        self.assertEqual(emu.count("GET", "/api/ps"), 1)
         (body,) = [r[2] for r in self.generates(emu)]
         self.assertEqual(body, {"model": "llama3.2:latest", "prompt": "test",
                                 "stream": False, "options": {"num_predict": 1}})
@@ -93,8 +96,7 @@ class ReadyTest(ContractCase):
         self.assertEqual(doc["exit_code"], 0)
         self.assertEqual(doc["host"], emu.url)
         self.assertEqual(doc["model"], "llama3.2:latest")
-        self.assertEqual([s["name"] for s in doc["stages"]],
-                         ["tags", "loaded", "warmup", "placement"])
+        self.assertEqual([s["name"] for s in doc["stages"]], ["tags", "loaded", "warmup"])
         self.assertTrue(all(s["status"] == "ok" for s in doc["stages"]))
         self.assertIsInstance(doc["elapsed_ms"], float)
         self.assertRegex(doc["version"], r"^\d+\.\d+\.\d+$")
@@ -163,7 +165,11 @@ class ReadyTest(ContractCase):
         emu = self.emulator(loaded=(), load_seconds=1.0)
         res = self.run_gp(["--host", emu.url, "--timeout", "5"])
         self.assertEqual(res.code, 0, res)
-        self.assertEqual(self.log()[1]["was_loaded"], "no")
+        fields = self.log()[1]
+        self.assertEqual(fields["was_loaded"], "no")
+        self.assertIn("placement_ms", fields)       # placement read after the load
+        self.assertEqual(fields["vram_pct"], "100")
+        self.assertIn("model loaded in 1.", fields["reason"])
         self.assertIn("llama3.2:latest", emu.loaded)
 
     def test_ipv6_loopback_and_ollama_host(self):
@@ -303,6 +309,33 @@ class TimeBoundTest(ContractCase):
         emu = self.emulator(mode="trickle", fault_on="/api/tags")
         res = self.run_gp(["--host", emu.url, "--timeout", "30", "--deadline", "2"])
         self.assertSkip(res, 75, "tags", "deadline of 2s", deadline=2)
+
+    def test_stalled_dns(self):
+        """A resolver that never answers: getaddrinfo ignores socket timeouts."""
+        unshare = support.require_tool(self, "unshare")
+        if os.geteuid() != 0:
+            self.skipTest("needs root to bind port 53 and mount over resolv.conf")
+        address = "127.83.%d.%d" % (os.getpid() >> 8 & 255, os.getpid() & 255 or 1)
+        blackhole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        blackhole.bind((address, 53))
+        self.addCleanup(blackhole.close)
+        resolv = os.path.join(self.sink.dir, "resolv.conf")
+        with open(resolv, "w") as handle:
+            handle.write("nameserver %s\noptions timeout:5 attempts:3\n" % address)
+        shell = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [unshare, "--mount", "sh", "-c", shell, resolv, sys.executable,
+             support.SCRIPT, "--host", "http://stalled.example:11434",
+             "--deadline", "2", "--syslog-address", self.sink.path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=support.cron_env())
+        out, err = proc.communicate(timeout=30)
+        res = support.Result(proc.returncode, out.decode(), err.decode(),
+                             time.monotonic() - started)
+        blackhole.settimeout(0)
+        self.assertTrue(blackhole.recv(512), "the resolver was not asked")
+        self.assertSkip(res, 75, "tags", "deadline of 2s reached", deadline=2)
 
     def test_startup_window(self):
         emu = self.emulator(mode="slow_start", load_seconds=30)
