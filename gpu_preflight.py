@@ -11,7 +11,8 @@ by --deadline (counted from process start, whatever the server does):
     tags       GET  /api/tags       the service is up and the model is present
     loaded     GET  /api/ps         was the model loaded already? (cold-load note)
     warmup     POST /api/generate   one token from the model: the GPU answers
-    placement  GET  /api/ps         the model sits in VRAM, not on the CPU
+    placement  GET  /api/ps         the model sits in VRAM, not on the CPU (read
+                                    again only if the warm-up loaded it)
 
 Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
 
@@ -633,7 +634,10 @@ def configure(ns, environ):
         values = read_config_file(path or DEFAULT_CONFIG, bool(path))
         return resolve_options(ns, environ, values, path or DEFAULT_CONFIG), None
     except ConfigError as exc:
-        return resolve_options(ns, {}, {}), str(exc)
+        try:
+            return resolve_options(ns, environ, {}), str(exc)
+        except ConfigError:
+            return resolve_options(ns, {}, {}), str(exc)
 
 
 # ---- HTTP collector: urllib, no proxy for loopback, bounded reads -----------
@@ -1180,6 +1184,8 @@ def main(argv=None, started=None):
             ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         except _ParserExit as exc:
             return exc.status
+            if ns.verbose and ns.quiet:
+                raise UsageError("-v/--verbose and -q/--quiet exclude each other")
         except UsageError as exc:
             sys.stderr.write("%s: error: %s (see --help)\n" % (PROG, exc))
             return EX_USAGE

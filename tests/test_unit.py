@@ -299,7 +299,10 @@ class ConfigPrecedenceTest(unittest.TestCase):
         with self.assertRaisesRegex(gp.ConfigError, "config file: warmup"):
             self.resolve([], {}, {"warmup": "maybe"})
         with self.assertRaisesRegex(gp.ConfigError, "exclude"):
-            self.resolve(["-v", "-q"])
+            self.resolve(["-v"], {"GPU_PREFLIGHT_QUIET": "1"})
+        code, _, err = quietly(gp.main, ["-v", "-q"])
+        self.assertEqual(code, gp.EX_USAGE)
+        self.assertIn("exclude", err)
 
     def test_bad_flag_value_is_a_usage_error(self):
         with self.assertRaises(gp.UsageError):
