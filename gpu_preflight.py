@@ -1182,10 +1182,10 @@ def main(argv=None, started=None):
     try:
         try:
             ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        except _ParserExit as exc:
-            return exc.status
             if ns.verbose and ns.quiet:
                 raise UsageError("-v/--verbose and -q/--quiet exclude each other")
+        except _ParserExit as exc:
+            return exc.status
         except UsageError as exc:
             sys.stderr.write("%s: error: %s (see --help)\n" % (PROG, exc))
             return EX_USAGE
