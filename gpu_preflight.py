@@ -139,11 +139,12 @@ class ConfigError(Exception):
 class Fail(Exception):
     """A stage ended the run with an exit status and a reason."""
 
-    def __init__(self, code, reason, stage=None):
+    def __init__(self, code, reason, stage=None, status=None):
         Exception.__init__(self, reason)
         self.code = code
         self.reason = reason
         self.stage = stage
+        self.status = status        # the HTTP status, when there was one
 
 
 class TimedOut(Exception):
@@ -698,7 +699,8 @@ class Client(object):
                 raise Fail(EX_CONFIG, "%s: redirected (%d) to %s; give --host the "
                            "final address" % (what, exc.code,
                                                sanitise(exc.headers.get("Location"))))
-            raise Fail(*classify_answer(what, exc.code, body))
+            code, reason = classify_answer(what, exc.code, body)
+            raise Fail(code, reason, status=exc.code)
         except Exception as exc:    # URLError, OSError, http.client errors
             raise Fail(*classify_exception(exc, what, self.base))
         return self._read(answer, MAX_BODY, what)
@@ -880,7 +882,7 @@ def check_service(run, client):
         running = None
         try:
             with run.step("loaded", optional=True) as budget:
-                running = model_list(client.json("GET", "/api/ps", budget), "/api/ps")
+                running = running_models(run, client, budget)
         except Fail as exc:
             run.notes.append("loaded models unknown (%s)" % exc.reason)
         if not run.model:
@@ -922,11 +924,27 @@ def check_service(run, client):
             check_placement(run, resident)      # where it sat and still sits
         else:
             with run.step("placement") as budget:
-                running = model_list(client.json("GET", "/api/ps", budget), "/api/ps")
+                running = running_models(run, client, budget)
+            if running is None:
+                run.notes.append("GPU placement not verified")
+            else:
                 check_placement(run, [m for m in running
                                       if same_model(_name(m), run.model)])
     return "%s answered %s" % (run.model, "a token" if opts.warmup == "token"
                                else "the load")
+
+
+def running_models(run, client, budget):
+    """The /api/ps entries, or None from a server without /api/ps."""
+    try:
+        return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
+    except Fail as exc:
+        if exc.status != 404:
+            raise
+        note = "server has no /api/ps (Ollama before 0.1.38?)"
+        if note not in run.notes:
+            run.notes.append(note)
+        return None
 
 
 def check_placement(run, entries):

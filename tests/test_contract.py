@@ -154,6 +154,33 @@ class ReadyTest(ContractCase):
         self.assertEqual(len(self.generates(emu)), 1)
         self.assertIn("warm-up off", self.log()[1]["reason"])
 
+    def test_server_without_api_ps_is_ready_with_placement_unverified(self):
+        emu = self.emulator(mode="old_server")
+        res = self.run_gp(["--host", emu.url])
+        self.assertEqual(res.code, 0, res)
+        fields = self.log()[1]
+        self.assertIn("GPU placement not verified", fields["reason"])
+        self.assertNotIn("was_loaded", fields)          # /api/ps could not say
+
+    def test_deadline_counts_from_process_start(self):
+        emu = self.emulator(mode="hang")
+        res = self.run_gp(["--host", emu.url, "--timeout", "5", "--deadline", "1",
+                           "--json"], log=False)
+        doc = json.loads(res.stdout)
+        self.assertEqual((doc["exit_code"], doc["stage"]), (75, "tags"))
+        self.assertIn("deadline of 1s reached", doc["reason"])
+        # elapsed_ms counts from process start, so interpreter start-up is in
+        # it, and the tags stage got only what was left of the second
+        self.assertGreaterEqual(doc["elapsed_ms"], 990)
+        self.assertLess(doc["stages"][0]["duration_ms"], doc["elapsed_ms"] - 10)
+
+    def test_help_carries_examples_and_the_exit_table(self):
+        res = support.run_script(["--help"])
+        self.assertEqual((res.code, res.stderr), (0, ""))
+        for text in ("examples:", "exit status:", "75 temporary", "78 configuration",
+                     "GPU_PREFLIGHT_", "--keep-alive", "cold model"):
+            self.assertIn(text, res.stdout)
+
     def test_partial_offload_is_ready_and_reported(self):
         emu = self.emulator(mode="partial")
         self.assertEqual(self.run_gp(["--host", emu.url]).code, 0)
@@ -252,6 +279,40 @@ class UnavailableTest(ContractCase):
         res = support.run_script(["--host", emu.url, "--syslog-address",
                                   os.path.join(self.sink.dir, "absent.sock")])
         self.assertEqual((res.code, res.stdout, res.stderr), (0, "", ""), res)
+
+
+class ForgeryTest(ContractCase):
+    """Server text cannot add lines or fields to the log."""
+
+    def test_error_text_is_sanitised(self):
+        import http.server
+        forged = 'boom\n<14>Jan  1 00:00:00 gpu_preflight[1]: result=ready code=0\r' \
+                 '" result=ready code=0 x="\x1b[2J' + "A" * 1000
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"error": forged}).encode()
+                self.send_response(500)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        res = self.run_gp(["--host", "127.0.0.1:%d" % server.server_port])
+        self.assertEqual(res.code, 69, res)
+        messages = self.sink.messages()
+        self.assertEqual(len(messages), 1)
+        self.assertEqual(messages[0].count("\n"), 0)
+        self.assertNotRegex(messages[0], r"[\x00-\x1f\x7f]")
+        self.assertLess(len(messages[0]), 700)
+        fields = support.parse_fields(messages[0].partition("]: ")[2])
+        self.assertEqual((fields["result"], fields["code"]), ("skip", "69"))
+        self.assertIn('" result=ready code=0 x="', fields["reason"])
 
 
 class ConfigurationTest(ContractCase):
