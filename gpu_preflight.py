@@ -817,21 +817,24 @@ class Run(object):
                 self.current = None
             self.wake.set()
 
-    def _record(self, stage, status, reason):
-        with self._lock:
-            if self.code is None:
-                ms = (time.monotonic() - stage.started) * 1000.0
-                self.stages.append({"name": stage.name, "status": status,
-                                    "duration_ms": round(ms, 1), "reason": reason})
-
-    def decide(self, code, stage, reason):
-        """Set the verdict unless one is set already; True if this one won."""
+    def _record(self, stage, status, reason, code=None):
+        """Record a finished stage, and with code the verdict, unless decided."""
         with self._lock:
             if self.code is not None:
-                return False
-            self.code, self.stage, self.reason = code, stage, reason
-            self.wake.set()
-            return True
+                return
+            ms = (time.monotonic() - stage.started) * 1000.0
+            self.stages.append({"name": stage.name, "status": status,
+                                "duration_ms": round(ms, 1), "reason": reason})
+            if code is not None:
+                self.code, self.stage, self.reason = code, stage.name, reason
+                self.wake.set()
+
+    def decide(self, code, stage, reason):
+        """Set the verdict unless one is set already."""
+        with self._lock:
+            if self.code is None:
+                self.code, self.stage, self.reason = code, stage, reason
+                self.wake.set()
 
     def timeout_reason(self, stage):
         """Why a stage ran out of time, with the cold-model fix when it applies."""
@@ -851,13 +854,7 @@ class Run(object):
 
     def expire(self, stage):
         """The watchdog's verdict on a stage that overran its budget."""
-        reason = self.timeout_reason(stage)
-        with self._lock:
-            if self.code is None:
-                ms = (time.monotonic() - stage.started) * 1000.0
-                self.stages.append({"name": stage.name, "status": "fail",
-                                    "duration_ms": round(ms, 1), "reason": reason})
-        self.decide(EX_TEMPFAIL, stage.name, reason)
+        self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
 
 
 def check_service(run, client):
