@@ -11,8 +11,7 @@ by --deadline (counted from process start, whatever the server does):
     tags       GET  /api/tags       the service is up and the model is present
     loaded     GET  /api/ps         was the model loaded already? (cold-load note)
     warmup     POST /api/generate   one token from the model: the GPU answers
-    placement  GET  /api/ps         the model sits in VRAM, not on the CPU (read
-                                    again only if the warm-up loaded it)
+    placement  GET  /api/ps         the model sits in VRAM, not on the CPU
 
 Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
 
@@ -40,6 +39,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -73,15 +73,19 @@ DEFAULT_TIMEOUT = 3.0
 DEFAULT_DEADLINE = 10.0
 
 #: How long past a stage's budget the watchdog waits for the socket timeout
-#: to report it itself, before it declares the stage timed out.
+#: to report it itself, before it declares the stage timed out. An optional
+#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
 STAGE_GRACE = 0.05
+OPTIONAL_GRACE = 0.25
 
 #: The prompt of the token warm-up; one token is generated from it.
 WARMUP_PROMPT = "test"
 
-#: Largest answer read from a stage, and from an error answer (bytes).
+#: Largest answer read from a stage, from an error answer, and the largest
+#: config file (bytes).
 MAX_BODY = 4 * 1024 * 1024
 MAX_ERROR_BODY = 64 * 1024
+MAX_CONFIG = 64 * 1024
 
 #: Caps on server text quoted in a reason, and on a whole reason (chars).
 SERVER_TEXT_MAX = 200
@@ -89,6 +93,10 @@ REASON_MAX = 1000
 
 #: Where syslog lines go unless --syslog-address says otherwise.
 DEFAULT_SYSLOG_ADDRESS = "/dev/log"
+
+#: The most a UDP collector's name lookup may hold the exit after the verdict
+#: (it started with the run, and never runs past the deadline).
+SYSLOG_DNS_WAIT = 0.2
 
 #: syslog facility codes (RFC 5424), by the names logger(1) accepts.
 FACILITIES = {
@@ -116,6 +124,13 @@ OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
 #: Runner error text meaning the model could not load within Ollama's limit.
 LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
                         "timed out waiting for llama-server to start")
+
+#: Ollama's own words for a request it refuses: the model is not there, or
+#: cannot generate, or an option has the wrong type (a configuration error).
+#: Anchored, so that a runner death quoting "not found" stays a runner death.
+_REFUSAL_RE = re.compile(r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
+                         r"""|("[^"]+"|\S+) does not support \w+"""
+                         r"""|option "[^"]+" must be of type \w+)$""")
 
 #: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
 _DURATION_RE = re.compile(r"^[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h))+$")
@@ -216,6 +231,9 @@ def _split_host_port(text):
 
 def host_url(value):
     """A --host value: parsed like OLLAMA_HOST, but a bad port is an error."""
+    text = value.strip().strip("\"'")
+    if re.search(r"[\s?#@]", text) or text.count("[") != text.count("]"):
+        raise ValueError("%r is not a URL or HOST:PORT" % value)
     url, warning = parse_ollama_host(value)
     if warning:
         raise ValueError("%s: %s" % (value.strip(), warning))
@@ -384,9 +402,7 @@ def classify_runner_error(message):
         return EX_TEMPFAIL
     if "server busy" in low or any(m in low for m in LOAD_TIMEOUT_MARKERS):
         return EX_TEMPFAIL
-    if ("not found" in low and "model" in low) or "does not support" in low:
-        return EX_CONFIG
-    if re.search(r'option "[^"]*" must be of type', low):
+    if _REFUSAL_RE.match(message.strip()):
         return EX_CONFIG
     return EX_UNAVAILABLE
 
@@ -560,10 +576,11 @@ def read_config_file(path, must_exist):
     import configparser     # only when there is a file: it costs 2 ms
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        with open(path, encoding="utf-8") as handle:
-            parser.read_file(handle)
-    except (IOError, OSError) as exc:
+        parser.read_string(read_small_file(path, MAX_CONFIG).decode("utf-8"), path)
+    except OSError as exc:
         raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    except ValueError as exc:
+        raise ConfigError("config file %s: %s" % (path, exc))
     except (configparser.Error, UnicodeDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError("bad config file %s: %s" % (path, first))
@@ -577,6 +594,30 @@ def read_config_file(path, must_exist):
             raise ConfigError("config file %s: unknown key %r" % (path, key))
         values[name] = text
     return values
+
+
+def read_small_file(path, limit):
+    """The bytes of a regular file of at most `limit` bytes.
+
+    Never blocks on a FIFO or device, never reads more than limit + 1 bytes;
+    raises OSError, or ValueError for a file that is not small and regular.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # novermin: flags, not types
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise ValueError("larger than %d KiB" % (limit // 1024))
+    return b"".join(chunks)
 
 
 def _from_text(kind, text):
@@ -619,8 +660,11 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                                   "are supported" % environ["OLLAMA_HOST"])
     opts.ollama_option = dict(opts.ollama_option)
     opts.model = (opts.model or "").strip() or None
-    if opts.verbose and opts.quiet:
-        raise ConfigError("--verbose and --quiet exclude each other")
+    if opts.verbose and opts.quiet:     # a flag beats the environment and file
+        if ns.verbose or ns.quiet:
+            opts.verbose, opts.quiet = bool(ns.verbose), bool(ns.quiet)
+        else:
+            raise ConfigError("verbose and quiet exclude each other")
     return opts
 
 
@@ -736,7 +780,7 @@ class Client(object):
         body = self.call(method, path, budget, payload)
         try:
             doc = json.loads(body.decode("utf-8"))
-        except ValueError:
+        except (ValueError, RecursionError):    # RecursionError: [[[[...
             raise Fail(EX_UNAVAILABLE, "%s %s: answer is not JSON: %s"
                        % (method, path, sanitise(body[:80].decode("latin-1"))))
         if not isinstance(doc, dict):
@@ -785,6 +829,7 @@ class Run(object):
         self.stage = None
         self.reason = ""
         self.trace = None           # traceback text of an internal error
+        self.lookup = None          # Lookup of a UDP syslog host, if any
         self.wake = threading.Event()   # set when a stage starts or ends
         self._lock = threading.Lock()
 
@@ -887,8 +932,7 @@ def check_service(run, client):
                        if any(same_model(_name(m), n) for n in names)]
             run.model = (in_tags or names)[0]
         if running is not None:
-            resident = [m for m in running if same_model(_name(m), run.model)]
-            run.loaded_before = bool(resident)
+            run.loaded_before = any(same_model(_name(m), run.model) for m in running)
 
     if opts.warmup == "off":
         return "service up, model %s present (warm-up off)" % run.model
@@ -902,7 +946,7 @@ def check_service(run, client):
         answer = client.call("POST", "/api/generate", budget, payload)
         try:
             final, error = parse_generate(answer)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer is not JSON: %s"
                        % sanitise(answer[:80].decode("latin-1")))
         if error is not None:
@@ -911,22 +955,20 @@ def check_service(run, client):
         if final.get("done") is not True:
             raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer ended before "
                        "done (the model stopped mid-answer)")
+        if final.get("done_reason") == "unload":
+            raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
+                       "model: nothing was loaded or run")
         load_ns = final.get("load_duration")
-        reloaded = isinstance(load_ns, int) and load_ns > 1e9
-        if reloaded:
+        if isinstance(load_ns, int) and load_ns > 1e9:
             run.notes.append("model loaded in %.1fs" % (load_ns / 1e9))
 
-    if not opts.allow_cpu:
-        if run.loaded_before and not reloaded:
-            check_placement(run, resident)      # where it sat and still sits
+    if not opts.allow_cpu:      # after the warm-up: a reload may land on the CPU
+        with run.step("placement") as budget:
+            running = running_models(run, client, budget)
+        if running is None:
+            run.notes.append("GPU placement not verified")
         else:
-            with run.step("placement") as budget:
-                running = running_models(run, client, budget)
-            if running is None:
-                run.notes.append("GPU placement not verified")
-            else:
-                check_placement(run, [m for m in running
-                                      if same_model(_name(m), run.model)])
+            check_placement(run, [m for m in running if same_model(_name(m), run.model)])
     return "%s answered %s" % (run.model, "a token" if opts.warmup == "token"
                                else "the load")
 
@@ -945,11 +987,7 @@ def running_models(run, client, budget):
 
 
 def check_placement(run, entries):
-    """The model must sit in VRAM: size_vram 0 is Ollama's silent CPU fallback.
-
-    entries: the model's /api/ps entries, read after the warm-up, or before it
-    when the model was resident then and the warm-up did not reload it.
-    """
+    """The model must sit in VRAM: size_vram 0 is Ollama's silent CPU fallback."""
     if not entries:
         run.notes.append("model not resident after the warm-up (server "
                          "keep-alive 0?), GPU placement not verified")
@@ -993,10 +1031,11 @@ def supervise(run, work):
     while run.code is None:
         run.wake.clear()
         stage = run.current
-        if stage is None or stage.optional:
+        if stage is None:
             limit = run.deadline_at
         else:
-            limit = min(stage.ends_at + STAGE_GRACE, run.deadline_at)
+            grace = OPTIONAL_GRACE if stage.optional else STAGE_GRACE
+            limit = min(stage.ends_at + grace, run.deadline_at)
         left = limit - time.monotonic()
         if left > 0:
             run.wake.wait(left)
@@ -1015,6 +1054,7 @@ def _traceback():
 
 
 def _raise_interrupt(signum, frame):
+    _set_signals(signal.SIG_IGN)    # a second signal must not cut the report
     raise Interrupted(signum)
 
 
@@ -1087,18 +1127,19 @@ def syslog_message(line, severity, facility, udp, now=None):
     return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
 
 
-def send_syslog(line, severity, facility, address):
-    """Send one line; never blocks, never raises. Returns an error or None."""
+def send_syslog(line, severity, facility, address, udp_target=None):
+    """Send one line; never blocks, never raises. Returns an error or None.
+
+    udp_target: the resolved (family, sockaddr) of a HOST:PORT address.
+    """
     sock = None
     try:
         if isinstance(address, tuple):
-            infos = _resolve_soon(address[0], address[1])
-            if not infos:
-                return "cannot resolve syslog host %s" % address[0]
-            family, _, _, _, target = infos[0]
-            sock = socket.socket(family, socket.SOCK_DGRAM)
+            if udp_target is None:
+                return "cannot resolve syslog host %s in time" % address[0]
+            sock = socket.socket(udp_target[0], socket.SOCK_DGRAM)
             sock.setblocking(False)
-            sock.sendto(syslog_message(line, severity, facility, True), target)
+            sock.sendto(syslog_message(line, severity, facility, True), udp_target[1])
         else:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.setblocking(False)
@@ -1111,20 +1152,26 @@ def send_syslog(line, severity, facility, address):
     return None
 
 
-def _resolve_soon(host, port, wait=0.5):
-    """getaddrinfo for UDP, given up after `wait` seconds (DNS can stall)."""
-    box = []
+class Lookup(object):
+    """getaddrinfo of a UDP syslog host, in the background from the start of
+    the run: DNS can stall, and neither the verdict nor the deadline waits."""
 
-    def lookup():
+    def __init__(self, host, port):
+        self.target = None
+        self._thread = threading.Thread(target=self._resolve, args=(host, port))
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _resolve(self, host, port):
         try:
-            box.extend(socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM))
-        except OSError:
+            info = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+            self.target = (info[0], info[4])
+        except (OSError, UnicodeError, ValueError, IndexError):
             pass
-    thread = threading.Thread(target=lookup)
-    thread.daemon = True
-    thread.start()
-    thread.join(wait)
-    return list(box)
+
+    def result(self, wait):
+        self._thread.join(max(0.0, wait))
+        return self.target
 
 
 def severity_of(code):
@@ -1153,8 +1200,12 @@ def report(run):
     line = log_line(run, elapsed_ms)
     problem = None
     if not opts.no_syslog:
+        target = None
+        if run.lookup is not None:
+            target = run.lookup.result(min(SYSLOG_DNS_WAIT,
+                                           run.deadline_at - time.monotonic()))
         problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
-                              opts.syslog_address)
+                              opts.syslog_address, target)
     try:
         if opts.json:
             sys.stdout.write(json.dumps(verdict_json(run, elapsed_ms),
@@ -1169,7 +1220,7 @@ def report(run):
         elif run.code != EX_OK and (run.code == EX_SOFTWARE or _isatty(sys.stderr)):
             sys.stderr.write("%s: skip (%d%s): %s\n" % (
                 PROG, run.code, ", " + run.stage if run.stage else "",
-                verdict_reason(run)))
+                sanitise(verdict_reason(run), REASON_MAX)))
         if run.trace and opts.debug:
             sys.stderr.write(run.trace)
         sys.stderr.flush()
@@ -1206,6 +1257,8 @@ def main(argv=None, started=None):
             return EX_USAGE
         opts, problem = configure(ns, os.environ)
         run = Run(opts, started)
+        if isinstance(opts.syslog_address, tuple) and not opts.no_syslog:
+            run.lookup = Lookup(*opts.syslog_address)
         try:
             if problem:
                 run.decide(EX_CONFIG, "config", problem)

@@ -63,6 +63,66 @@ class ContractCase(unittest.TestCase):
     def generates(self, emu):
         return [r for r in emu.requests if r[1] == "/api/generate"]
 
+    def scripted_server(self, answer):
+        """A loopback HTTP server whose answers come from answer(method, path,
+        calls) -> (status, body bytes); calls counts requests per path."""
+        import http.server
+        calls = {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def reply(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                calls[self.path] = calls.get(self.path, 0) + 1
+                status, body = answer(self.command, self.path, calls[self.path])
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            do_GET = do_POST = reply
+
+            def log_message(self, *args):
+                pass
+        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        thread = threading.Thread(target=server.serve_forever)
+        thread.daemon = True
+        thread.start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        return "http://127.0.0.1:%d" % server.server_port
+
+    def run_with_stalled_dns(self, args):
+        """Run the script where every DNS query goes to a server that never
+        answers (a private resolv.conf in a mount namespace); the Result and
+        whether the resolver was asked."""
+        unshare = support.require_tool(self, "unshare")
+        if os.geteuid() != 0:
+            self.skipTest("needs root to bind port 53 and mount over resolv.conf")
+        address = "127.83.%d.%d" % (os.getpid() >> 8 & 255, os.getpid() & 255 or 1)
+        blackhole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        blackhole.bind((address, 53))
+        self.addCleanup(blackhole.close)
+        resolv = os.path.join(self.sink.dir, "resolv.conf")
+        with open(resolv, "w") as handle:
+            handle.write("nameserver %s\noptions timeout:5 attempts:3\n" % address)
+        shell = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [unshare, "--mount", "sh", "-c", shell, resolv, sys.executable,
+             support.SCRIPT] + args,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=support.cron_env())
+        out, err = proc.communicate(timeout=30)
+        res = support.Result(proc.returncode, out.decode(), err.decode(),
+                             time.monotonic() - started)
+        blackhole.settimeout(0)
+        try:
+            asked = bool(blackhole.recv(512))
+        except OSError:
+            asked = False
+        return res, asked
+
 
 class ReadyTest(ContractCase):
     def test_ready_is_silent_logs_info_and_sends_the_native_one_token_request(self):
@@ -76,11 +136,9 @@ class ReadyTest(ContractCase):
         self.assertEqual(fields["model"], "llama3.2:latest")
         self.assertEqual(fields["was_loaded"], "yes")
         self.assertEqual(fields["vram_pct"], "100")
-        for stage in ("tags", "loaded", "warmup"):
+        for stage in ("tags", "loaded", "warmup", "placement"):
             self.assertRegex(fields[stage + "_ms"], r"^\d+$")
-        # resident before and not reloaded: its /api/ps entry is not read twice
-        self.assertNotIn("placement_ms", fields)
-        self.assertEqual(emu.count("GET", "/api/ps"), 1)
+        self.assertEqual(emu.count("GET", "/api/ps"), 2)    # before and after
         (body,) = [r[2] for r in self.generates(emu)]
         self.assertEqual(body, {"model": "llama3.2:latest", "prompt": "test",
                                 "stream": False, "options": {"num_predict": 1}})
@@ -96,7 +154,8 @@ class ReadyTest(ContractCase):
         self.assertEqual(doc["exit_code"], 0)
         self.assertEqual(doc["host"], emu.url)
         self.assertEqual(doc["model"], "llama3.2:latest")
-        self.assertEqual([s["name"] for s in doc["stages"]], ["tags", "loaded", "warmup"])
+        self.assertEqual([s["name"] for s in doc["stages"]],
+                         ["tags", "loaded", "warmup", "placement"])
         self.assertTrue(all(s["status"] == "ok" for s in doc["stages"]))
         self.assertIsInstance(doc["elapsed_ms"], float)
         self.assertRegex(doc["version"], r"^\d+\.\d+\.\d+$")
@@ -285,25 +344,11 @@ class ForgeryTest(ContractCase):
     """Server text cannot add lines or fields to the log."""
 
     def test_error_text_is_sanitised(self):
-        import http.server
         forged = 'boom\n<14>Jan  1 00:00:00 gpu_preflight[1]: result=ready code=0\r' \
                  '" result=ready code=0 x="\x1b[2J' + "A" * 1000
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = json.dumps({"error": forged}).encode()
-                self.send_response(500)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        self.addCleanup(server.server_close)
-        self.addCleanup(server.shutdown)
-        res = self.run_gp(["--host", "127.0.0.1:%d" % server.server_port])
+        url = self.scripted_server(
+            lambda method, path, n: (500, json.dumps({"error": forged}).encode()))
+        res = self.run_gp(["--host", url])
         self.assertEqual(res.code, 69, res)
         messages = self.sink.messages()
         self.assertEqual(len(messages), 1)
@@ -313,6 +358,55 @@ class ForgeryTest(ContractCase):
         fields = support.parse_fields(messages[0].partition("]: ")[2])
         self.assertEqual((fields["result"], fields["code"]), ("skip", "69"))
         self.assertIn('" result=ready code=0 x="', fields["reason"])
+
+
+class ReviewRegressionTest(ContractCase):
+    """Cases an independent review found, each once wrong."""
+
+    MODEL = {"name": "m:latest", "model": "m:latest", "size": 2000}
+
+    def test_model_reloaded_onto_the_cpu_during_the_warm_up_is_caught(self):
+        def answer(method, path, n):
+            if path == "/api/tags":
+                return 200, json.dumps({"models": [self.MODEL]}).encode()
+            if path == "/api/ps":       # on the GPU before, on the CPU after
+                entry = dict(self.MODEL, size_vram=2000 if n == 1 else 0)
+                return 200, json.dumps({"models": [entry]}).encode()
+            return 200, json.dumps({"model": "m:latest", "response": "x", "done": True,
+                                    "done_reason": "length",
+                                    "load_duration": 900000000}).encode()
+        res = self.run_gp(["--host", self.scripted_server(answer)])
+        self.assertSkip(res, 69, "placement", "runs on the CPU")
+
+    def test_deeply_nested_json_is_not_an_internal_error(self):
+        body = b"[" * 100000 + b"]" * 100000
+        url = self.scripted_server(lambda method, path, n: (200, body))
+        self.assertSkip(self.run_gp(["--host", url]), 69, "tags", "not JSON")
+
+    def test_load_warmup_with_keep_alive_zero_only_unloads(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--warmup", "load", "--keep-alive", "0"])
+        self.assertSkip(res, 78, "warmup", "only unloads")
+
+    def test_bad_idna_syslog_host_is_quiet(self):
+        emu = self.emulator()
+        res = support.run_script(["--host", emu.url, "--syslog-address",
+                                  "a" * 64 + ".example:514"])
+        self.assertEqual((res.code, res.stdout, res.stderr), (0, "", ""), res)
+
+    def test_config_fifo_and_device_are_refused_at_once(self):
+        fifo = os.path.join(self.sink.dir, "fifo.conf")
+        os.mkfifo(fifo)
+        for path in (fifo, "/dev/zero"):
+            res = self.run_gp(["--config", path, "--deadline", "1"])
+            self.assertSkip(res, 78, "config", "not a regular file", deadline=1)
+
+    def test_verbose_flag_beats_quiet_from_the_environment(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "-v"],
+                          env=support.cron_env(GPU_PREFLIGHT_QUIET="1"))
+        self.assertEqual(res.code, 0, res)
+        self.assertIn("result=ready", res.stderr)
 
 
 class ConfigurationTest(ContractCase):
@@ -373,30 +467,30 @@ class TimeBoundTest(ContractCase):
 
     def test_stalled_dns(self):
         """A resolver that never answers: getaddrinfo ignores socket timeouts."""
-        unshare = support.require_tool(self, "unshare")
-        if os.geteuid() != 0:
-            self.skipTest("needs root to bind port 53 and mount over resolv.conf")
-        address = "127.83.%d.%d" % (os.getpid() >> 8 & 255, os.getpid() & 255 or 1)
-        blackhole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        blackhole.bind((address, 53))
-        self.addCleanup(blackhole.close)
-        resolv = os.path.join(self.sink.dir, "resolv.conf")
-        with open(resolv, "w") as handle:
-            handle.write("nameserver %s\noptions timeout:5 attempts:3\n" % address)
-        shell = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            [unshare, "--mount", "sh", "-c", shell, resolv, sys.executable,
-             support.SCRIPT, "--host", "http://stalled.example:11434",
-             "--deadline", "2", "--syslog-address", self.sink.path],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=support.cron_env())
-        out, err = proc.communicate(timeout=30)
-        res = support.Result(proc.returncode, out.decode(), err.decode(),
-                             time.monotonic() - started)
-        blackhole.settimeout(0)
-        self.assertTrue(blackhole.recv(512), "the resolver was not asked")
+        res, asked = self.run_with_stalled_dns(
+            ["--host", "http://stalled.example:11434", "--deadline", "2",
+             "--syslog-address", self.sink.path])
+        self.assertTrue(asked, "the resolver was not asked")
         self.assertSkip(res, 75, "tags", "deadline of 2s reached", deadline=2)
+
+    def test_stalled_dns_of_the_syslog_collector_does_not_pass_the_deadline(self):
+        emu = self.emulator(mode="hang")
+        res, asked = self.run_with_stalled_dns(
+            ["--host", emu.url, "--timeout", "5", "--deadline", "1",
+             "--syslog-address", "collector.example:514"])
+        self.assertTrue(asked, "the resolver was not asked")
+        self.assertEqual((res.code, res.stdout, res.stderr), (75, "", ""), res)
+        # the lookup ran beside the checks and got what was left: nothing
+        self.assertLess(res.elapsed, 1.4, res)
+
+    def test_trickling_ps_is_cut_at_the_stage_budget(self):
+        # a byte every 0.3 s: no socket timeout of 1 s ever fires
+        emu = self.emulator(mode="trickle", fault_on="/api/ps")
+        emu.trickle_interval = 0.3
+        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--deadline", "10"])
+        fields = self.assertSkip(res, 75, "loaded", "GET /api/ps timed out after 1s",
+                                 deadline=2)
+        self.assertLess(int(fields["loaded_ms"]), 2000)
 
     def test_startup_window(self):
         emu = self.emulator(mode="slow_start", load_seconds=30)

@@ -48,8 +48,9 @@ class OllamaHostTest(unittest.TestCase):
         self.assertEqual(gp.host_url("gpu1:8080/"), "http://gpu1:8080")
         with self.assertRaises(ValueError):
             gp.host_url("gpu1:99999")
-        with self.assertRaises(ValueError):
-            gp.host_url("ftp://gpu1")
+        for bad in ("ftp://gpu1", "a b", "http://[::1", "user@gpu1:1", "gpu1/?x=1"):
+            with self.assertRaises(ValueError, msg=bad):
+                gp.host_url(bad)
 
     def test_loopback_detection(self):
         for host in ("127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]",
@@ -175,6 +176,12 @@ class ClassifyTest(unittest.TestCase):
         ("server busy, please try again.  maximum pending requests exceeded", 75),
         ('"bert" does not support generate', 78),
         ("unexpected server status: llm busy - no slots available", 69),
+        ("llama runner process has terminated: error loading model: key not "
+         "found in model: llama.context_length", 69),
+        ("llama runner process has terminated: GGML_ASSERT: this model does not "
+         "support flash attention", 69),
+        ('registry.ollama.ai/library/test:latest does not support insert', 78),
+        ('"qwen3" does not support thinking', 78),
     ]
 
     def test_runner_errors(self):
@@ -299,7 +306,11 @@ class ConfigPrecedenceTest(unittest.TestCase):
         with self.assertRaisesRegex(gp.ConfigError, "config file: warmup"):
             self.resolve([], {}, {"warmup": "maybe"})
         with self.assertRaisesRegex(gp.ConfigError, "exclude"):
-            self.resolve(["-v"], {"GPU_PREFLIGHT_QUIET": "1"})
+            self.resolve([], {"GPU_PREFLIGHT_QUIET": "1", "GPU_PREFLIGHT_VERBOSE": "1"})
+        opts = self.resolve(["-v"], {"GPU_PREFLIGHT_QUIET": "1"})     # flag wins
+        self.assertEqual((opts.verbose, opts.quiet), (True, False))
+        opts = self.resolve(["-q"], {}, {"verbose": "yes"})
+        self.assertEqual((opts.verbose, opts.quiet), (False, True))
         code, _, err = quietly(gp.main, ["-v", "-q"])
         self.assertEqual(code, gp.EX_USAGE)
         self.assertIn("exclude", err)
@@ -332,6 +343,13 @@ class ConfigPrecedenceTest(unittest.TestCase):
                 gp.read_config_file(path, True)
         with self.assertRaisesRegex(gp.ConfigError, "cannot read"):
             gp.read_config_file(os.path.join(tmp, "none"), True)
+        big = os.path.join(tmp, "big.conf")
+        with open(big, "w") as handle:
+            handle.write("[gpu_preflight]\n" + "# padding\n" * 10000)
+        with self.assertRaisesRegex(gp.ConfigError, "larger than 64 KiB"):
+            gp.read_config_file(big, True)
+        with self.assertRaisesRegex(gp.ConfigError, "not a regular file"):
+            gp.read_config_file(tmp, True)
 
     def test_configure_keeps_flag_syslog_settings_on_config_error(self):
         ns = gp.build_parser().parse_args(
