@@ -39,6 +39,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import stat
 import sys
 import threading
@@ -443,13 +444,13 @@ def classify_exception(exc, what, url):
                                 "running and listening there?)" % where)
     if isinstance(exc, socket.gaierror):
         return EX_UNAVAILABLE, "cannot resolve %s: %s" % (where, sanitise(exc))
-    if isinstance(exc, (ConnectionError, EOFError)) or type(exc).__name__ in (
-            "IncompleteRead", "RemoteDisconnected"):
+    if isinstance(exc, (ConnectionError, EOFError, http.client.IncompleteRead)):
         return EX_UNAVAILABLE, ("%s: connection closed by %s in mid-answer"
                                 % (what, where))
-    if type(exc).__name__.startswith("SSL"):
+    if isinstance(exc, ssl.SSLError):
         return EX_CONFIG, "%s: TLS error with %s: %s" % (what, where, sanitise(exc))
-    if type(exc).__name__ in ("BadStatusLine", "LineTooLong", "UnknownProtocol"):
+    if isinstance(exc, (http.client.BadStatusLine, http.client.LineTooLong,
+                        http.client.UnknownProtocol)):
         return EX_CONFIG, "not an HTTP server at %s: %s" % (where, sanitise(exc))
     if isinstance(exc, OSError):
         return EX_UNAVAILABLE, "%s: network error: %s" % (what, sanitise(exc))
@@ -767,10 +768,12 @@ class Client(object):
             raise Fail(*classify_exception(exc, what, self.base))
         finally:
             answer.close()
-        if missing and len(body) <= limit and not allow_short:
+        if allow_short:             # an error answer: its start is enough
+            return body[:limit]
+        if missing and len(body) <= limit:
             raise Fail(EX_UNAVAILABLE, "%s: connection closed in mid-answer, %d "
                        "bytes short" % (what, missing))
-        if len(body) > limit and not allow_short:
+        if len(body) > limit:
             raise Fail(EX_UNAVAILABLE, "%s: answer larger than %d MiB, not what "
                        "Ollama sends" % (what, limit // (1024 * 1024)))
         return body[:limit]
@@ -781,12 +784,17 @@ class Client(object):
         try:
             doc = json.loads(body.decode("utf-8"))
         except (ValueError, RecursionError):    # RecursionError: [[[[...
-            raise Fail(EX_UNAVAILABLE, "%s %s: answer is not JSON: %s"
-                       % (method, path, sanitise(body[:80].decode("latin-1"))))
+            raise not_json("%s %s" % (method, path), body)
         if not isinstance(doc, dict):
             raise Fail(EX_CONFIG, "not an Ollama server: %s %s did not answer a "
                        "JSON object" % (method, path))
         return doc
+
+
+def not_json(what, body):
+    """The failure for an answer that does not parse, quoting its start."""
+    return Fail(EX_UNAVAILABLE, "%s: answer is not JSON: %s"
+                % (what, sanitise(body[:80].decode("latin-1"))))
 
 
 def model_list(doc, what):
@@ -947,8 +955,7 @@ def check_service(run, client):
         try:
             final, error = parse_generate(answer)
         except (ValueError, RecursionError):
-            raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer is not JSON: %s"
-                       % sanitise(answer[:80].decode("latin-1")))
+            raise not_json("POST /api/generate", answer)
         if error is not None:
             raise Fail(classify_runner_error(error),
                        "POST /api/generate: error from the model: %s" % sanitise(error))
