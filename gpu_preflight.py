@@ -112,11 +112,34 @@ SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
 
 #: What each stage does, for reasons and --help.
 STAGE_WHAT = {
+    "gpu": "the GPU probe",
     "tags": "GET /api/tags",
     "loaded": "GET /api/ps",
     "warmup": "POST /api/generate",
     "placement": "GET /api/ps",
 }
+
+#: GPU stage: where NVML lives when dlopen's own search fails (never a CUDA
+#: toolkit /stubs/ directory: that library is a link-time stub), and where
+#: nvidia-smi lives when cron's PATH lacks it.
+NVML_NAME = "libnvidia-ml.so.1"
+NVML_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+             "/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+             "/usr/lib/wsl/lib")
+SMI_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/lib/wsl/lib")
+SMI_FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used",
+              "memory.free", "utilization.gpu", "temperature.gpu")
+
+#: NVML return codes the GPU stage names (nvml.h nvmlReturn_t).
+NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 3, 7, 9
+NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
+NVML_LIB_RM_VERSION_MISMATCH = 18
+#: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
+NVML_MEMORY_V2 = 0x02000028
+#: The most a GPU probe may print (bytes), and the most its exit is awaited
+#: after its output ended (seconds; a child stuck in the driver is abandoned).
+MAX_PROBE_OUTPUT = 1024 * 1024
+PROBE_REAP_WAIT = 0.2
 
 #: Runner error text meaning GPU (or host) memory is taken: retry later.
 OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
@@ -347,6 +370,86 @@ def parse_bool(text):
     raise ValueError("%r is not a boolean (1/0, true/false, yes/no)" % text)
 
 
+def parse_choice(*choices):
+    """A parser accepting one of choices."""
+    def parse(text):
+        if text not in choices:
+            raise ValueError("%r: choose %s" % (text, " or ".join(choices)))
+        return text
+    return parse
+
+
+def parse_count(text, most=10 ** 9):
+    """A whole number from 0 to most (MiB, percent, degrees, processes)."""
+    if not text.strip().isdigit() or int(text) > most:
+        raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
+    return int(text)
+
+
+def parse_percent(text):
+    return parse_count(text, 100)
+
+
+def parse_gpu_ids(text):
+    """--gpu-id: comma-separated NVML indexes or UUIDs (or UUID prefixes)."""
+    ids = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in ids if not (item.isdigit() or re.match(
+        r"^(GPU|MIG)-[0-9A-Fa-f-]+$", item))]
+    if not ids or bad:
+        raise ValueError("%r: expected indexes or UUIDs (0,1 or GPU-8f3a...)" % text)
+    return ids
+
+
+def parse_nvml_lib(text):
+    """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
+    if "/stubs/" in text:
+        raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
+                         "driver's library" % text)
+    return text
+
+
+def parse_smi_csv(text):
+    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPU bus ids).
+
+    A field in brackets ([N/A], [Not Supported]) is unknown (None), never 0;
+    lines with another field count are the tool's own messages, skipped,
+    except "Unable to determine the device handle for GPU <bus>: ..." lines.
+    """
+    gpus, lost = [], []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(", ")]
+        if len(fields) != len(SMI_FIELDS):
+            found = re.search(r"device handle for GPU ([0-9A-Fa-f:.]+): (.*)", line)
+            if found:
+                lost.append((found.group(1), found.group(2).strip()))
+            continue
+        value = dict(zip(SMI_FIELDS, fields))
+        number = lambda key: int(float(value[key])) if _NUMBER_RE.match(value[key]) else None
+        gpus.append(gpu_record(
+            number("index"), value["uuid"], value["name"],
+            total=number("memory.total"), free=number("memory.free"),
+            util=number("utilization.gpu"), temp=number("temperature.gpu")))
+    return gpus, lost
+
+
+def parse_smi_apps(text):
+    """nvidia-smi --query-compute-apps=gpu_uuid,pid -> {uuid: processes}."""
+    counts = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[1].isdigit():
+            counts[fields[0]] = counts.get(fields[0], 0) + 1
+    return counts
+
+
+def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
+               temp=None, error=None):
+    """One GPU as every backend reports it; None is "cannot be read"."""
+    return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
+            "free_mib": free, "util_pct": util, "procs": procs, "temp_c": temp,
+            "mig": None, "mig_uuids": [], "error": error, "health": None}
+
+
 def parse_generate(data):
     """The answer of /api/generate, one JSON object or NDJSON lines.
 
@@ -457,6 +560,93 @@ def classify_exception(exc, what, url):
     return EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, sanitise(exc))
 
 
+#: The GPU thresholds: (option, figure, unit, True when the figure must be
+#: at least the threshold, else at most).
+GPU_LIMITS = (("min_free_mib", "free_mib", " MiB free", True),
+              ("max_util", "util_pct", "% busy", False),
+              ("max_procs", "procs", " compute processes", False),
+              ("max_temp", "temp_c", " C", False))
+
+
+def gpu_label(gpu):
+    """'GPU 1 (GPU-bbbbbbbb)' for reasons."""
+    uuid = (gpu.get("uuid") or "")[:12]
+    return "GPU %s%s" % (gpu.get("index"), " (%s)" % uuid if uuid else "")
+
+
+def select_gpus(gpus, ids, environ):
+    """The GPUs the job will use: (selected, unmatched ids, note or None).
+
+    --gpu-id takes indexes and UUID prefixes; otherwise the UUIDs listed in
+    CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES. Indexes in those two are
+    ignored: CUDA's order need not be NVML's. A MIG UUID selects its parent.
+    """
+    note = None
+    if not ids:
+        for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+            items = [i.strip() for i in environ.get(var, "").split(",") if i.strip()]
+            uuids = [i for i in items if i.upper().startswith(("GPU-", "MIG-"))]
+            if uuids:
+                ids = uuids
+                break
+            if items and items[0] not in ("all", "none", "void"):
+                note = "%s lists indexes, which need not be NVML's order: every GPU checked" % var
+        if not ids:
+            return list(gpus), [], note
+
+    def matches(gpu, wanted):
+        if wanted.isdigit():
+            return gpu.get("index") == int(wanted)
+        names = [gpu.get("uuid") or ""] + gpu.get("mig_uuids", [])
+        return any(n.lower().startswith(wanted.lower()) for n in names if n)
+
+    selected = [g for g in gpus if any(matches(g, w) for w in ids)]
+    unmatched = [w for w in ids if not any(matches(g, w) for g in gpus)]
+    return selected, unmatched, note
+
+
+def gpu_problems(gpu, opts):
+    """(hard, soft, unknown) problems of one GPU against the thresholds."""
+    hard = [text for text in (gpu.get("error"), gpu.get("health")) if text]
+    soft, unknown = [], []
+    for option, key, unit, at_least in GPU_LIMITS:
+        limit = getattr(opts, option)
+        if limit is None or hard:
+            continue
+        value = gpu.get(key)
+        if value is None:
+            unknown.append("%s unknown%s" % (key, " (MIG)" if gpu.get("mig") else ""))
+        elif (value < limit) if at_least else (value > limit):
+            soft.append("%d%s, limit %d (--%s)" % (value, unit, limit,
+                                                   option.replace("_", "-")))
+    return hard, soft, unknown
+
+
+def judge_gpus(gpus, opts):
+    """(exit status, reason, notes) for the selected GPUs; status 0 is fit."""
+    verdicts = []
+    for gpu in gpus:
+        hard, soft, unknown = gpu_problems(gpu, opts)
+        if opts.strict_gpu:
+            soft, unknown = soft + [u + " (--strict-gpu)" for u in unknown], []
+        gpu["fit"] = not hard and not soft
+        verdicts.append((gpu, hard, soft, unknown))
+    fit = [v for v in verdicts if v[0]["fit"]]
+    unfit = [v for v in verdicts if not v[0]["fit"]]
+    notes = ["%s: %s" % (gpu_label(g), ", ".join(u)) for g, _, _, u in verdicts if u]
+    if fit and (opts.gpu_need == "any" or not unfit):
+        notes += ["%s not fit: %s" % (gpu_label(g), "; ".join(h + s))
+                  for g, h, s, _ in unfit]
+        return EX_OK, "%d of %d GPUs fit" % (len(fit), len(gpus)), notes
+    hard = [v for v in unfit if v[1]]
+    if hard and (opts.gpu_need == "all" or len(hard) == len(unfit)):
+        code, shown = EX_UNAVAILABLE, hard     # lost or broken: retrying won't help
+    else:
+        code, shown = EX_TEMPFAIL, unfit       # busy now, may be free later
+    return code, "; ".join("%s: %s" % (gpu_label(g), ", ".join(h + s))
+                           for g, h, s, _ in shown), notes
+
+
 # ---- Configuration: flags > GPU_PREFLIGHT_* > config file > defaults --------
 
 #: Every option: (long name, short, parser or "flag"/"list", default, metavar, help)
@@ -481,6 +671,31 @@ OPTIONS = (
      "repeatable"),
     ("allow-cpu", None, "flag", False, None,
      "accept a model that Ollama runs on the CPU (size_vram 0)"),
+    ("gpu", None, "flag", False, None,
+     "check the GPU itself first (stage gpu): driver up, no GPU lost, "
+     "thresholds met; implied by every option below"),
+    ("gpu-backend", None, parse_choice("auto", "nvml", "nvidia-smi", "amd-sysfs"),
+     None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
+     "of them that is installed)"),
+    ("nvml-lib", None, parse_nvml_lib, None, "PATH",
+     "the driver's %s (default: dlopen's search, then the usual "
+     "directories)" % NVML_NAME),
+    ("gpu-id", None, parse_gpu_ids, None, "IDS",
+     "GPUs to check: NVML indexes or UUIDs, comma-separated (default: the "
+     "UUIDs in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, else all)"),
+    ("gpu-need", None, parse_choice("all", "any"), "all", "all|any",
+     "every checked GPU must be fit, or any one (default all)"),
+    ("min-free-mib", None, parse_count, None, "MIB",
+     "skip unless this much GPU memory is free"),
+    ("max-util", None, parse_percent, None, "PCT",
+     "skip when GPU utilisation is above PCT"),
+    ("max-procs", None, parse_count, None, "N",
+     "skip when more than N compute processes use the GPU"),
+    ("max-temp", None, parse_count, None, "C",
+     "skip when the GPU is hotter than C degrees"),
+    ("strict-gpu", None, "flag", False, None,
+     "a threshold the GPU cannot report (N/A, MIG) fails instead of "
+     "being noted"),
     ("json", None, "flag", False, None,
      "print one JSON object with the verdict on stdout"),
     ("verbose", "-v", "flag", False, None,
@@ -659,6 +874,10 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
             if not opts.host.startswith(("http://", "https://")):
                 raise ConfigError("OLLAMA_HOST=%r: only http:// and https:// "
                                   "are supported" % environ["OLLAMA_HOST"])
+    opts.gpu = bool(opts.gpu or opts.gpu_backend or opts.nvml_lib or opts.gpu_id
+                    or opts.strict_gpu
+                    or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
+    opts.gpu_backend = opts.gpu_backend or "auto"
     opts.ollama_option = dict(opts.ollama_option)
     opts.model = (opts.model or "").strip() or None
     if opts.verbose and opts.quiet:     # a flag beats the environment and file
@@ -684,6 +903,330 @@ def configure(ns, environ):
             return resolve_options(ns, environ, {}), str(exc)
         except ConfigError:
             return resolve_options(ns, {}, {}), str(exc)
+
+
+# ---- GPU collectors: NVML, nvidia-smi, AMD sysfs, each in a child process --
+#
+# The driver can block a caller for minutes in uninterruptible sleep, where no
+# signal reaches it. So every probe is a child in its own process group,
+# forked while this process still has one thread; its output arrives through
+# a pipe read with a deadline, and on time-out the group is killed and the
+# child abandoned (never waited for without a bound). The child's stdin,
+# stdout and stderr are /dev/null, so a stuck child never holds cron's pipes.
+
+def spawn(run, child=None, argv=None, env=None):
+    """Fork child() (its JSON result is the output) or exec argv (its stdout
+    is); return (pid, read end of the output pipe)."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                    # the child: never returns
+        status = 127 if argv else EX_SOFTWARE
+        try:
+            os.setpgid(0, 0)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
+            os.dup2(null, 2)
+            if argv:
+                os.execve(argv[0], argv, env)
+            data = json.dumps(child()).encode("utf-8")
+            while data:
+                data = data[os.write(wfd, data):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(wfd)
+    try:
+        os.setpgid(pid, pid)        # also here: a kill may come before the child's
+    except OSError:
+        pass
+    run.children.append(pid)
+    return pid, rfd
+
+
+def collect(run, pid, rfd, ends_at, what):
+    """The child's output and exit status (None: it has not ended yet).
+
+    Raises Fail (75, "GPU probe hung") when the output does not end in time.
+    """
+    import select
+    chunks, size = [], 0
+    try:
+        while size <= MAX_PROBE_OUTPUT:
+            left = ends_at - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                kill_probes(run)
+                stage = run.current
+                raise Fail(EX_TEMPFAIL, "GPU probe hung: %s did not answer within "
+                           "%.3gs (driver wedged, or GPUs initialising without "
+                           "persistence mode)" % (what, stage.ends_at - stage.started),
+                           "gpu")
+            chunk = os.read(rfd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(rfd)
+    end = time.monotonic() + PROBE_REAP_WAIT
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            run.children.remove(pid)
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            return b"".join(chunks), code
+        if time.monotonic() > end:
+            return b"".join(chunks), None
+        time.sleep(0.002)
+
+
+def kill_probes(run):
+    """SIGKILL every probe's process group still running; wait for none."""
+    for pid in run.children:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def probe_nvml(run, ends_at):
+    """NVML in a forked child: a snapshot dict, or a string when absent."""
+    pid, rfd = spawn(run, lambda: nvml_snapshot(run.opts.nvml_lib))
+    out, status = collect(run, pid, rfd, ends_at, "NVML")
+    try:
+        doc = json.loads(out.decode("utf-8"))
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return "NVML probe died (%s)" % ("signal %d" % -status if status and status < 0
+                                         else "exit %s" % status)
+    code, text = doc.pop("nvml_error", None), sanitise(doc.pop("text", ""))
+    if code in (None, 0):
+        return doc
+    if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
+        return "NVML: %s" % text
+    if code == NVML_DRIVER_NOT_LOADED:
+        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (NVML: %s)" % text, "gpu")
+    if code == NVML_LIB_RM_VERSION_MISMATCH:
+        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("NVML: " + text), "gpu")
+    raise Fail(EX_UNAVAILABLE, "NVML failed: %s (NVML error %d)" % (text, code), "gpu")
+
+
+VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
+                    "was upgraded without reloading the kernel module; reboot")
+
+
+def nvml_snapshot(path):
+    """In the child: NVML's view of every GPU, as a JSON-ready dict."""
+    import ctypes as c
+
+    class Memory(c.Structure):
+        _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
+                    ("used", c.c_ulonglong)]
+
+    class MemoryV2(c.Structure):
+        _fields_ = [("version", c.c_uint), ("total", c.c_ulonglong),
+                    ("reserved", c.c_ulonglong), ("free", c.c_ulonglong),
+                    ("used", c.c_ulonglong)]
+
+    class Process(c.Structure):         # nvmlProcessInfo_v1_t
+        _fields_ = [("pid", c.c_uint), ("usedGpuMemory", c.c_ulonglong)]
+
+    class ProcessV2(c.Structure):       # nvmlProcessInfo_v2_t, for _v2 and _v3
+        _fields_ = Process._fields_ + [("gpuInstanceId", c.c_uint),
+                                       ("computeInstanceId", c.c_uint)]
+
+    lib, why = None, "%s not found" % (path or NVML_NAME)
+    for name in [path] if path else [NVML_NAME] + [d + "/" + NVML_NAME for d in NVML_DIRS]:
+        try:
+            lib = c.CDLL(name)
+            break
+        except OSError as exc:
+            why = str(exc) if path or name == NVML_NAME else why
+    with open("/proc/self/maps") as maps:
+        loaded = re.findall(r"\S*libnvidia-ml\S*", maps.read())
+    if lib is None or any("/stubs/" in p for p in loaded):
+        return {"nvml_error": NVML_LIBRARY_NOT_FOUND,
+                "text": why if lib is None else "only the CUDA toolkit's stub library"}
+
+    def call(function, *args):          # every argument a ctypes object: no
+        try:                            # bare int truncates a 64-bit handle
+            return getattr(lib, function)(*args)
+        except AttributeError:
+            return NVML_FUNCTION_NOT_FOUND
+
+    def error(code):
+        lib.nvmlErrorString.restype = c.c_char_p
+        return (lib.nvmlErrorString(c.c_int(code)) or b"").decode("ascii", "replace")
+
+    def text(function, handle):
+        buf = c.create_string_buffer(96)
+        ok = call(function, handle, buf, c.c_uint(96)) == 0
+        return buf.value.decode("utf-8", "replace") if ok else None
+
+    code = call("nvmlInit_v2")
+    if code:
+        return {"nvml_error": code, "text": error(code)}
+    try:
+        count, gpus = c.c_uint(0), []
+        code = call("nvmlDeviceGetCount_v2", c.byref(count))
+        if code:
+            return {"nvml_error": code, "text": error(code)}
+        for index in range(count.value):
+            handle = c.c_void_p()
+            code = call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
+            if code:
+                gpus.append(gpu_record(index, None, None, error="%s (NVML error %d)"
+                                       % (error(code), code)))
+                continue
+            gpu = gpu_record(index, text("nvmlDeviceGetUUID", handle),
+                             text("nvmlDeviceGetName", handle))
+            gpus.append(gpu)
+            mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
+            code = call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
+            if code:
+                mem = Memory()
+                code = call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
+            if code == NVML_GPU_IS_LOST:
+                gpu["error"] = error(code)
+                continue
+            if code == 0:
+                gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
+            util = (c.c_uint * 2)()
+            if call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
+                gpu["util_pct"] = util[0]
+            for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
+                                   ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
+                                   ("nvmlDeviceGetComputeRunningProcesses", Process)):
+                number = c.c_uint(0)
+                code = call(function, handle, c.byref(number), None)
+                if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
+                    number = c.c_uint(number.value * 2 + 5)
+                    code = call(function, handle, c.byref(number), (kind * number.value)())
+                if code != NVML_FUNCTION_NOT_FOUND:
+                    gpu["procs"] = number.value if code == 0 else None
+                    break
+            temp = c.c_uint(0)
+            if call("nvmlDeviceGetTemperature", handle, c.c_int(0), c.byref(temp)) == 0:
+                gpu["temp_c"] = temp.value
+            mode, pending = c.c_uint(0), c.c_uint(0)
+            if call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
+                gpu["mig"] = mode.value == 1
+            slots = c.c_uint(0)
+            if gpu["mig"] and call("nvmlDeviceGetMaxMigDeviceCount", handle,
+                                   c.byref(slots)) == 0:
+                for slot in range(slots.value):
+                    child = c.c_void_p()
+                    if call("nvmlDeviceGetMigDeviceHandleByIndex", handle,
+                            c.c_uint(slot), c.byref(child)) == 0:
+                        gpu["mig_uuids"].append(text("nvmlDeviceGetUUID", child))
+            rows = [c.c_uint(0) for _ in range(4)]  # corrected, uncorrected, pending, failed
+            if call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0:
+                if rows[3].value:
+                    gpu["health"] = "row remapping failed: the GPU needs service"
+                elif rows[2].value:
+                    gpu["health"] = "row remapping pending: the GPU needs a reset"
+            retired = c.c_int(0)
+            if call("nvmlDeviceGetRetiredPagesPendingStatus", handle,
+                    c.byref(retired)) == 0 and retired.value and not gpu["health"]:
+                gpu["health"] = "retired pages pending: the GPU needs a reset"
+        driver = c.create_string_buffer(96)
+        call("nvmlSystemGetDriverVersion", driver, c.c_uint(96))
+        return {"driver": driver.value.decode("ascii", "replace") or None,
+                "library": loaded[0] if loaded else None, "gpus": gpus}
+    finally:
+        call("nvmlShutdown")
+
+
+def probe_smi(run, ends_at):
+    """nvidia-smi's CSV: a snapshot dict, or a string when it is absent."""
+    path = next((os.path.join(d, "nvidia-smi") for d in
+                 os.environ.get("PATH", "").split(os.pathsep) + list(SMI_DIRS)
+                 if d and os.access(os.path.join(d, "nvidia-smi"), os.X_OK)), None)
+    if path is None:
+        return "nvidia-smi not found in PATH or %s" % ", ".join(SMI_DIRS)
+    env = dict(os.environ, LC_ALL="C")
+
+    def smi(query):
+        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"], env=env)
+        out, status = collect(run, pid, rfd, ends_at, "nvidia-smi")
+        return out.decode("utf-8", "replace"), status
+
+    text, status = smi("--query-gpu=" + ",".join(SMI_FIELDS))
+    said = sanitise(text.strip().splitlines()[0] if text.strip() else "no output")
+    if status == NVML_DRIVER_NOT_LOADED or "couldn't communicate with the NVIDIA driver" in text:
+        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (nvidia-smi: %s)" % said, "gpu")
+    if status == NVML_LIB_RM_VERSION_MISMATCH or "version mismatch" in text:
+        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("nvidia-smi: " + said), "gpu")
+    if status in (NVML_LIBRARY_NOT_FOUND, 127):
+        return "nvidia-smi: %s (exit %d)" % (said, status)
+    gpus, lost = parse_smi_csv(text)
+    gpus += [gpu_record(None, None, "PCI " + bus, error=sanitise(why)) for bus, why in lost]
+    if status not in (0, NVML_GPU_IS_LOST, None) and not gpus:
+        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, said), "gpu")
+    apps, status = smi("--query-compute-apps=gpu_uuid,pid")
+    counts = parse_smi_apps(apps) if status == 0 else {}
+    for gpu in gpus:
+        if gpu["uuid"] and status == 0:
+            gpu["procs"] = counts.get(gpu["uuid"], 0)
+    return {"driver": None, "library": path, "gpus": gpus}
+
+
+def probe_amd(run, ends_at):
+    """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
+    root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
+    pid, rfd = spawn(run, lambda: amd_snapshot(root))
+    out, _ = collect(run, pid, rfd, ends_at, "AMD sysfs")
+    try:
+        doc = json.loads(out.decode("utf-8"))
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not doc.get("gpus"):
+        return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
+    return doc
+
+
+def amd_snapshot(root):
+    """In the child: amdgpu's sysfs figures of every card[0-9]+ device."""
+    base = os.path.join(root, "sys/class/drm")
+
+    def read(*parts):
+        try:
+            with open(os.path.join(*parts)) as handle:
+                return handle.read(4096).strip()
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def number(text, shift=0):
+        return int(text) >> shift if text.isdigit() else None
+
+    gpus = []
+    names = os.listdir(base) if os.path.isdir(base) else []
+    for card in sorted((n for n in names if re.match(r"^card\d+$", n)),
+                       key=lambda n: int(n[4:])):
+        dev = os.path.join(base, card, "device")
+        if read(dev, "vendor").lower() != "0x1002":
+            continue
+        total = number(read(dev, "mem_info_vram_total"), 20)
+        used = number(read(dev, "mem_info_vram_used"), 20)
+        hwmon = os.path.join(dev, "hwmon")
+        temps = [number(read(hwmon, h, "temp1_input")) for h in
+                 (sorted(os.listdir(hwmon)) if os.path.isdir(hwmon) else ())]
+        temps = [t // 1000 for t in temps if t is not None]
+        gpus.append(gpu_record(
+            int(card[4:]), read(dev, "unique_id") or None,
+            read(dev, "product_name") or "AMD GPU %s" % card, total=total,
+            free=total - used if total is not None and used is not None else None,
+            util=number(read(dev, "gpu_busy_percent")),
+            temp=temps[0] if temps else None))
+    return {"driver": read(root, "sys/module/amdgpu/version") or None,
+            "library": base, "gpus": gpus}
+
+
+#: The GPU backends, in the order --gpu-backend auto tries them.
+GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", probe_amd))
 
 
 # ---- HTTP collector: urllib, no proxy for loopback, bounded reads -----------
@@ -838,6 +1381,8 @@ class Run(object):
         self.reason = ""
         self.trace = None           # traceback text of an internal error
         self.lookup = None          # Lookup of a UDP syslog host, if any
+        self.gpu = None             # what the GPU stage found (--json "gpu")
+        self.children = []          # GPU probes not reaped yet (pids = pgids)
         self.wake = threading.Event()   # set when a stage starts or ends
         self._lock = threading.Lock()
 
@@ -908,6 +1453,45 @@ class Run(object):
     def expire(self, stage):
         """The watchdog's verdict on a stage that overran its budget."""
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
+
+
+def check_gpu(run):
+    """Stage gpu: the backends in turn until one answers, then the verdict on
+    the GPUs the job will use. Raises Fail; runs in the main thread, first."""
+    opts = run.opts
+    with run.step("gpu") as budget:
+        ends_at = time.monotonic() + budget
+        absent = []
+        for name, probe in GPU_PROBES:
+            if opts.gpu_backend in ("auto", name):
+                doc = probe(run, ends_at)
+                if isinstance(doc, dict):
+                    break
+                absent.append(doc)
+        else:
+            raise Fail(EX_UNAVAILABLE, "no GPU driver found: %s" % "; ".join(absent))
+        run.gpu = dict(doc, backend=name, need=opts.gpu_need)
+        gpus = doc["gpus"]
+        if not gpus:
+            raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
+        selected, unmatched, note = select_gpus(gpus, opts.gpu_id, os.environ)
+        for gpu in gpus:
+            gpu["selected"] = gpu in selected
+        if note:
+            run.notes.append(note)
+        if unmatched:
+            lost = [g for g in gpus if g["error"]]
+            raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
+                       "%s (found %s)%s" % (
+                           ",".join(unmatched), "--gpu-id" if opts.gpu_id else
+                           "CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES",
+                           ", ".join(gpu_label(g) for g in gpus),
+                           "; %s: %s" % (gpu_label(lost[0]), lost[0]["error"])
+                           if lost else ""))
+        code, reason, notes = judge_gpus(selected, opts)
+        run.notes.extend(notes)
+        if code:
+            raise Fail(code, reason)
 
 
 def check_service(run, client):
@@ -1119,8 +1703,20 @@ def log_line(run, elapsed_ms):
         fields.append(("was_loaded", "yes" if run.loaded_before else "no"))
     if run.vram_pct is not None:
         fields.append(("vram_pct", run.vram_pct))
+    if run.gpu:
+        fields.append(("gpu_backend", run.gpu["backend"]))
+        for n, gpu in enumerate(run.gpu["gpus"]):
+            fields.append(("gpu%d" % n, gpu_summary(gpu)))
     return " ".join("%s=%s" % (k, quote(v) if k == "reason" else log_value(v))
                     for k, v in fields)
+
+
+def gpu_summary(gpu):
+    """One GPU's figures for the log line; '-' where it cannot say."""
+    keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
+    text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
+    problem = gpu["error"] or gpu["health"]
+    return "%s%s name=%s" % (text, " problem=" + problem if problem else "", gpu["name"])
 
 
 def syslog_message(line, severity, facility, udp, now=None):
@@ -1181,6 +1777,13 @@ class Lookup(object):
         return self.target
 
 
+def start_lookup(run):
+    """Resolve a UDP syslog collector's name in the background, once."""
+    if (run.lookup is None and isinstance(run.opts.syslog_address, tuple)
+            and not run.opts.no_syslog):
+        run.lookup = Lookup(*run.opts.syslog_address)
+
+
 def severity_of(code):
     if code == EX_OK:
         return SEV_INFO
@@ -1196,7 +1799,7 @@ def verdict_json(run, elapsed_ms):
         "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
         "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
         "warmup": run.opts.warmup, "model_was_loaded": run.loaded_before,
-        "vram_pct": run.vram_pct, "stages": run.stages,
+        "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
     }
 
 
@@ -1208,6 +1811,7 @@ def report(run):
     problem = None
     if not opts.no_syslog:
         target = None
+        start_lookup(run)
         if run.lookup is not None:
             target = run.lookup.result(min(SYSLOG_DNS_WAIT,
                                            run.deadline_at - time.monotonic()))
@@ -1264,13 +1868,16 @@ def main(argv=None, started=None):
             return EX_USAGE
         opts, problem = configure(ns, os.environ)
         run = Run(opts, started)
-        if isinstance(opts.syslog_address, tuple) and not opts.no_syslog:
-            run.lookup = Lookup(*opts.syslog_address)
         try:
             if problem:
                 run.decide(EX_CONFIG, "config", problem)
-            else:
+            elif opts.gpu:
+                check_gpu(run)      # forks: first, while this is the only thread
+            start_lookup(run)
+            if run.code is None:
                 supervise(run, lambda r: check_service(r, Client(opts.host)))
+        except Fail as exc:         # the GPU stage's verdict
+            run.decide(exc.code, exc.stage, exc.reason)
         except Interrupted as exc:
             stage = run.current.name if run.current else None
             run.decide(128 + exc.signum, stage, "interrupted by %s%s" % (
@@ -1281,6 +1888,7 @@ def main(argv=None, started=None):
             run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
                        % (type(exc).__name__, sanitise(exc)))
         _set_signals(signal.SIG_IGN)
+        kill_probes(run)
         report(run)
         return run.code
     except Interrupted as exc:      # while parsing, before a run existed

@@ -216,6 +216,77 @@ class ClassifyTest(unittest.TestCase):
                 self.assertIn(text, reason)
 
 
+class GpuParseTest(unittest.TestCase):
+    """nvidia-smi CSV, GPU selection and the GPU verdict (pure functions)."""
+
+    CSV = ("0, GPU-aaaa, NVIDIA H200, 00000000:61:00.0, 143771, 0, 143229, [N/A], 29\n"
+           "Unable to determine the device handle for GPU 00000000:62:00.0: GPU is lost. "
+           "Reboot the system to recover this GPU\n"
+           "2, GPU-cccc, NVIDIA H200, 00000000:63:00.0, 143771, 102400, 40829, 97, "
+           "[Not Supported]\n"
+           "Failed to initialize NVML: Unknown Error\n")
+
+    def opts(self, **kw):
+        values = dict(min_free_mib=None, max_util=None, max_procs=None, max_temp=None,
+                      strict_gpu=False, gpu_need="all")
+        values.update(kw)
+        return type("Opts", (), values)
+
+    def test_smi_csv_keeps_unknown_apart_from_zero(self):
+        gpus, lost = gp.parse_smi_csv(self.CSV)
+        self.assertEqual([(g["index"], g["uuid"], g["free_mib"], g["util_pct"], g["temp_c"])
+                          for g in gpus],
+                         [(0, "GPU-aaaa", 143229, None, 29), (2, "GPU-cccc", 40829, 97, None)])
+        self.assertEqual(lost, [("00000000:62:00.0",
+                                 "GPU is lost. Reboot the system to recover this GPU")])
+
+    def test_smi_apps_counts_per_uuid_and_empty_output(self):
+        self.assertEqual(gp.parse_smi_apps("GPU-a, 1\nGPU-a, 2\nGPU-b, 3\n"),
+                         {"GPU-a": 2, "GPU-b": 1})
+        self.assertEqual(gp.parse_smi_apps(""), {})
+
+    def test_gpu_ids_and_stub_path(self):
+        self.assertEqual(gp.parse_gpu_ids("0, GPU-8f3a,MIG-12"), ["0", "GPU-8f3a", "MIG-12"])
+        for bad in ("", "gpu0", "0;1", "-1"):
+            with self.assertRaises(ValueError):
+                gp.parse_gpu_ids(bad)
+        with self.assertRaises(ValueError):
+            gp.parse_nvml_lib("/usr/local/cuda/lib64/stubs/libnvidia-ml.so")
+
+    def test_selection(self):
+        gpus = [gp.gpu_record(i, "GPU-%s" % c * 2, "x") for i, c in enumerate("abc")]
+        gpus[2]["mig_uuids"] = ["MIG-1234"]
+        pick = lambda ids, env=None: [g["index"] for g in gp.select_gpus(gpus, ids, env or {})[0]]
+        self.assertEqual(pick(["2", "GPU-a"]), [0, 2])
+        self.assertEqual(pick(["MIG-12"]), [2])
+        self.assertEqual(pick(None, {"CUDA_VISIBLE_DEVICES": "GPU-b"}), [1])
+        self.assertEqual(pick(None, {"NVIDIA_VISIBLE_DEVICES": "all"}), [0, 1, 2])
+        selected, unmatched, note = gp.select_gpus(gpus, None, {"CUDA_VISIBLE_DEVICES": "1"})
+        self.assertEqual((len(selected), unmatched), (3, []))
+        self.assertIn("need not be NVML's order", note)
+        self.assertEqual(gp.select_gpus(gpus, ["7", "0"], {})[1], ["7"])
+
+    def test_verdict_need_all_and_any(self):
+        free = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
+        busy = gp.gpu_record(1, "GPU-b", "x", free=10, util=99, procs=2, temp=30)
+        lost = gp.gpu_record(2, None, "x", error="GPU is lost")
+        mig = gp.gpu_record(3, "GPU-d", "x", free=900, util=None)
+        mig["mig"] = True
+        judge = lambda gpus, **kw: gp.judge_gpus(gpus, self.opts(**kw))[:2]
+        self.assertEqual(judge([free, busy], max_util=50)[0], 75)
+        self.assertEqual(judge([free, busy], max_util=50, gpu_need="any")[0], 0)
+        self.assertEqual(judge([free, lost])[0], 69)
+        self.assertEqual(judge([free, lost], gpu_need="any")[0], 0)
+        self.assertEqual(judge([busy, lost], max_util=50, gpu_need="any")[0], 75)
+        self.assertEqual(judge([lost], gpu_need="any")[0], 69)
+        code, reason, notes = gp.judge_gpus([mig], self.opts(max_util=50))
+        self.assertEqual((code, notes), (0, ["GPU 3 (GPU-d): util_pct unknown (MIG)"]))
+        self.assertEqual(judge([mig], max_util=50, strict_gpu=True),
+                         (75, "GPU 3 (GPU-d): util_pct unknown (MIG) (--strict-gpu)"))
+        self.assertEqual(judge([busy], min_free_mib=100)[1],
+                         "GPU 1 (GPU-b): 10 MiB free, limit 100 (--min-free-mib)")
+
+
 class SanitiseTest(unittest.TestCase):
     def test_control_characters_and_length(self):
         text = gp.sanitise("a\nb\r\x1b[31mc\x00" + "x" * 500)

@@ -1,0 +1,347 @@
+"""The GPU stage against fake drivers: a fake libnvidia-ml.so.1 built from
+tests/fake_nvml.c with the machine's cc, a fake nvidia-smi on PATH and a fake
+amdgpu sysfs tree (tests/fakes.py). Each scenario runs the real script in
+cron's environment and checks exit status, reason, figures and time.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import unittest
+import uuid
+
+import fakes
+import support
+from test_contract import SLACK, ContractCase
+
+#: The fakes' figures (tests/fake_nvml.c): MiB.
+TOTAL, RESERVED, BUSY_USED = 143771, 542, 102400
+FREE = TOTAL - RESERVED
+UUID = "GPU-%s-5e1f-4c2d-9a7b-0123456789ab"
+
+
+def gpu_uuid(index):
+    return UUID % ("abcdef"[index] * 8)
+
+
+class GpuCase(ContractCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="gpfl-gpu-")
+        cls.case = unittest.TestCase()
+        support.require_tool(cls.case, "cc")
+        cls.lib = fakes.build_fake_nvml(cls.dir)
+        os.makedirs(os.path.join(cls.dir, "old"))
+        cls.old_lib = fakes.build_fake_nvml(os.path.join(cls.dir, "old"), "old")
+        cls.smi_dir = os.path.join(cls.dir, "bin")
+        os.makedirs(cls.smi_dir)
+        fakes.write_fake_smi(cls.smi_dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.emu = self.emulator()
+        self.token = uuid.uuid4().hex      # finds leftover probe processes
+
+    def gpu(self, args, env=(), deadline=None):
+        """Run with the fakes; return (Result, the --json verdict)."""
+        environ = support.cron_env(GPFL_TEST_TOKEN=self.token, **dict(env))
+        args = ["--host", self.emu.url, "--json"] + list(args)
+        if deadline:
+            args += ["--timeout", str(deadline / 2.0), "--deadline", str(deadline)]
+        self.requests_before = len(self.emu.requests)
+        res = self.run_gp(args, env=environ)
+        self.assertEqual(res.stderr, "", res)
+        if deadline:
+            self.assertLess(res.elapsed, deadline + SLACK, res)
+        self.assertEqual(self.leftover_probes(), [], "probe left running")
+        return res, json.loads(res.stdout)
+
+    def nvml(self, args=(), mode="free", lib=None, **env):
+        env = dict(env, FAKE_NVML_MODE=mode)
+        return self.gpu(["--gpu-backend", "nvml", "--nvml-lib", lib or self.lib]
+                        + list(args), env, deadline=4)
+
+    def smi(self, args=(), mode="free", **env):
+        env = dict(env, FAKE_SMI_MODE=mode, PATH=self.smi_dir + ":/usr/bin:/bin")
+        return self.gpu(["--gpu-backend", "nvidia-smi"] + list(args), env, deadline=4)
+
+    def leftover_probes(self):
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/environ" % pid, "rb") as handle:
+                    if self.token.encode() in handle.read():
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+
+    def assertVerdict(self, res, doc, code, text=""):
+        self.assertEqual(res.code, code, res)
+        self.assertEqual(doc["exit_code"], code)
+        self.assertIn(text, doc["reason"])
+        priority, fields = self.log()
+        self.assertEqual(fields["code"], str(code))
+        self.assertIn(text, fields["reason"])
+        if code:
+            self.assertEqual(fields["stage"], "gpu")
+            self.assertEqual(self.emu.requests[self.requests_before:], [],
+                             "HTTP stages ran after a GPU skip")
+        return fields
+
+
+class NvmlTest(GpuCase):
+    def test_free_gpu_is_ready_with_v2_figures_in_json_and_log(self):
+        res, doc = self.nvml(["--min-free-mib", "1000", "--max-util", "50",
+                              "--max-procs", "0", "--max-temp", "80"])
+        fields = self.assertVerdict(res, doc, 0)
+        gpu = doc["gpu"]
+        self.assertEqual((gpu["backend"], gpu["driver"]), ("nvml", "550.127.05"))
+        self.assertEqual(len(gpu["gpus"]), 1)
+        one = gpu["gpus"][0]
+        self.assertEqual((one["uuid"], one["name"], one["total_mib"]),
+                         (gpu_uuid(0), "NVIDIA H200", TOTAL))
+        self.assertEqual(one["free_mib"], FREE, "free must come from the v2 call")
+        self.assertEqual((one["util_pct"], one["procs"], one["temp_c"]), (0, 0, 29))
+        self.assertEqual(fields["gpu_backend"], "nvml")
+        self.assertIn("uuid=%s free_mib=%d total_mib=%d util_pct=0 procs=0 temp_c=29"
+                      % (gpu_uuid(0), FREE, TOTAL), fields["gpu0"])
+        self.assertIn("gpu_ms", fields)
+        self.assertEqual(self.emu.count("POST", "/api/generate"), 1)
+
+    def test_busy_gpu_fails_each_threshold_with_75(self):
+        for flag, value, text in (
+                ("--min-free-mib", "50000", "%d MiB free, limit 50000" % (FREE - BUSY_USED)),
+                ("--max-util", "50", "97% busy, limit 50 (--max-util)"),
+                ("--max-procs", "0", "1 compute processes, limit 0"),
+                ("--max-temp", "80", "83 C, limit 80 (--max-temp)")):
+            with self.subTest(flag=flag):
+                self.sink.messages(wait=0.01)
+                res, doc = self.nvml([flag, value], mode="busy")
+                self.assertVerdict(res, doc, 75, text)
+
+    def test_busy_gpu_without_thresholds_is_ready(self):
+        res, doc = self.nvml(mode="busy")
+        self.assertVerdict(res, doc, 0)
+        self.assertEqual(doc["gpu"]["gpus"][0]["procs"], 1)
+
+    def test_driver_not_loaded_and_version_mismatch_are_69(self):
+        res, doc = self.nvml(mode="nodriver")
+        self.assertVerdict(res, doc, 69, "NVIDIA driver not loaded (NVML: Driver Not Loaded)")
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(mode="mismatch")
+        self.assertVerdict(res, doc, 69, "versions differ")
+
+    def test_lost_gpu_fails_need_all_but_not_need_any_or_the_other_gpu(self):
+        res, doc = self.nvml(mode="lost", FAKE_NVML_COUNT="2")
+        self.assertVerdict(res, doc, 69, "GPU 1: GPU is lost")
+        self.assertEqual([g["free_mib"] for g in doc["gpu"]["gpus"]], [FREE, None])
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--gpu-need", "any"], mode="lost", FAKE_NVML_COUNT="2")
+        self.assertVerdict(res, doc, 0, "GPU 1 not fit: GPU is lost")
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--gpu-id", "0"], mode="lost", FAKE_NVML_COUNT="2")
+        self.assertVerdict(res, doc, 0)
+
+    def test_every_gpu_is_probed_and_need_any_takes_one_fit(self):
+        env = dict(FAKE_NVML_COUNT="3", FAKE_NVML_BUSY="0,2")
+        res, doc = self.nvml(["--max-util", "50"], **env)
+        self.assertVerdict(res, doc, 75, "GPU 0 (GPU-aaaaaaaa): 97% busy")
+        self.assertIn("GPU 2 (GPU-cccccccc): 97% busy", doc["reason"])
+        self.assertEqual([g["uuid"] for g in doc["gpu"]["gpus"]],
+                         [gpu_uuid(0), gpu_uuid(1), gpu_uuid(2)])
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--max-util", "50", "--gpu-need", "any"], **env)
+        self.assertVerdict(res, doc, 0)
+        self.assertEqual([g["fit"] for g in doc["gpu"]["gpus"]], [False, True, False])
+
+    def test_selection_by_uuid_index_and_visible_devices(self):
+        env = dict(FAKE_NVML_COUNT="3", FAKE_NVML_BUSY="0")
+        res, doc = self.nvml(["--max-util", "50", "--gpu-id", "GPU-bbbb,2"], **env)
+        self.assertVerdict(res, doc, 0)
+        self.assertEqual([g["selected"] for g in doc["gpu"]["gpus"]], [False, True, True])
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--max-util", "50"], CUDA_VISIBLE_DEVICES=gpu_uuid(1), **env)
+        self.assertVerdict(res, doc, 0)
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--max-util", "50"], NVIDIA_VISIBLE_DEVICES=gpu_uuid(0), **env)
+        self.assertVerdict(res, doc, 75, "GPU 0")
+
+    def test_visible_devices_by_index_is_not_trusted(self):
+        res, doc = self.nvml(["--max-util", "50"], FAKE_NVML_COUNT="2",
+                             FAKE_NVML_BUSY="0", CUDA_VISIBLE_DEVICES="1")
+        self.assertVerdict(res, doc, 75, "GPU 0")
+        self.assertEqual(doc["gpu"]["gpus"][0]["selected"], True)
+
+    def test_no_gpu_matching_the_id_is_78(self):
+        res, doc = self.nvml(["--gpu-id", "7"], FAKE_NVML_COUNT="2")
+        self.assertVerdict(res, doc, 78, "no GPU matches 7 in --gpu-id")
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--gpu-id", "GPU-ffff"])
+        self.assertVerdict(res, doc, 78, "no GPU matches GPU-ffff")
+
+    def test_unsupported_figure_is_null_and_noted_or_fails_when_strict(self):
+        res, doc = self.nvml(["--max-util", "50", "--max-procs", "0"], mode="unsupported")
+        self.assertVerdict(res, doc, 0, "util_pct unknown, procs unknown")
+        one = doc["gpu"]["gpus"][0]
+        self.assertEqual((one["util_pct"], one["procs"], one["temp_c"]), (None, None, None))
+        self.assertEqual(one["free_mib"], FREE)
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--max-util", "50", "--strict-gpu"], mode="unsupported")
+        self.assertVerdict(res, doc, 75, "util_pct unknown (--strict-gpu)")
+
+    def test_mig_gpu_is_selected_by_a_mig_uuid_and_has_no_utilisation(self):
+        mig = "MIG-aaaaaaaa-0000-4000-8000-000000000001"
+        res, doc = self.nvml(["--max-util", "50", "--gpu-id", mig], mode="mig")
+        self.assertVerdict(res, doc, 0, "util_pct unknown (MIG)")
+        one = doc["gpu"]["gpus"][0]
+        self.assertEqual((one["mig"], one["util_pct"], one["procs"]), (True, None, 1))
+        self.assertIn(mig, one["mig_uuids"])
+
+    def test_pending_row_remap_is_69(self):
+        res, doc = self.nvml(mode="remap")
+        self.assertVerdict(res, doc, 69, "row remapping pending")
+
+    def test_no_permission_is_69(self):
+        res, doc = self.nvml(mode="noperm")
+        self.assertVerdict(res, doc, 69, "Insufficient Permissions")
+
+    def test_hung_init_and_hung_device_call_are_75_inside_the_deadline(self):
+        for mode in ("hang", "hang_device"):
+            with self.subTest(mode=mode):
+                self.sink.messages(wait=0.01)
+                res, doc = self.nvml(mode=mode)
+                self.assertVerdict(res, doc, 75, "GPU probe hung: NVML did not answer")
+
+    def test_old_driver_without_v2_symbols_uses_v1(self):
+        res, doc = self.nvml(["--max-procs", "0"], mode="busy", lib=self.old_lib)
+        self.assertVerdict(res, doc, 75, "1 compute processes")
+        self.assertEqual(doc["gpu"]["gpus"][0]["free_mib"], FREE - BUSY_USED - 1024)
+
+    def test_stub_banner_does_not_corrupt_the_probe(self):
+        res, doc = self.nvml(mode="stub")
+        self.assertVerdict(res, doc, 69, "NVML failed: Unknown Error (NVML error 999)")
+
+    def test_stub_library_found_by_dlopen_is_refused(self):
+        stubs = os.path.join(self.dir, "cuda", "lib64", "stubs")
+        os.makedirs(stubs, exist_ok=True)
+        shutil.copy(self.lib, stubs)
+        res, doc = self.gpu(["--gpu-backend", "nvml"], dict(LD_LIBRARY_PATH=stubs))
+        self.assertVerdict(res, doc, 69, "NVML: only the CUDA toolkit's stub library")
+        res = support.run_script(["--nvml-lib", os.path.join(stubs, "libnvidia-ml.so.1")])
+        self.assertEqual(res.code, 64, res)
+        self.assertIn("link-time stub", res.stderr)
+
+    def test_missing_library_falls_back_to_nvidia_smi(self):
+        env = dict(PATH=self.smi_dir + ":/usr/bin:/bin", FAKE_SMI_MODE="free")
+        res, doc = self.gpu(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"], env)
+        self.assertVerdict(res, doc, 0)
+        self.assertEqual(doc["gpu"]["backend"], "nvidia-smi")
+
+    def test_nothing_installed_is_69(self):
+        root = tempfile.mkdtemp(dir=self.dir)
+        res, doc = self.gpu(["--gpu", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+                            dict(GPU_PREFLIGHT_ROOT=root))
+        self.assertVerdict(res, doc, 69, "no GPU driver found: NVML: ")
+        self.assertIn("nvidia-smi not found", doc["reason"])
+        self.assertIn("no AMD GPU under", doc["reason"])
+
+    def test_gpu_enabled_from_environment(self):
+        res, doc = self.gpu([], dict(GPU_PREFLIGHT_MAX_UTIL="50", FAKE_NVML_MODE="busy",
+                                     GPU_PREFLIGHT_NVML_LIB=self.lib))
+        self.assertVerdict(res, doc, 75, "97% busy")
+
+
+class SmiTest(GpuCase):
+    def test_free_gpu_and_the_exact_query_in_the_c_locale(self):
+        log = os.path.join(self.dir, "smi-%s.log" % self.token)
+        res, doc = self.smi(["--max-util", "50", "--max-procs", "0"], FAKE_SMI_LOG=log,
+                            LANG="de_DE.UTF-8")
+        self.assertVerdict(res, doc, 0)
+        one = doc["gpu"]["gpus"][0]
+        self.assertEqual((one["uuid"], one["free_mib"], one["total_mib"], one["util_pct"],
+                          one["procs"], one["temp_c"]), (gpu_uuid(0), FREE, TOTAL, 0, 0, 29))
+        with open(log) as handle:
+            text = handle.read()
+        self.assertIn("--format=csv,noheader,nounits", text)
+        self.assertIn("--query-compute-apps=gpu_uuid,pid", text)
+        self.assertIn("LC_ALL=C", text)
+
+    def test_busy(self):
+        res, doc = self.smi(["--max-procs", "0"], mode="busy")
+        self.assertVerdict(res, doc, 75, "1 compute processes, limit 0")
+
+    def test_bracketed_values_are_unknown_never_zero(self):
+        for mode in ("na", "notsupported", "mig"):
+            with self.subTest(mode=mode):
+                self.sink.messages(wait=0.01)
+                res, doc = self.smi(["--max-util", "50"], mode=mode)
+                self.assertVerdict(res, doc, 0, "util_pct unknown")
+                self.assertIsNone(doc["gpu"]["gpus"][0]["util_pct"])
+                self.sink.messages(wait=0.01)
+                res, doc = self.smi(["--max-util", "50", "--strict-gpu"], mode=mode)
+                self.assertVerdict(res, doc, 75, "util_pct unknown (--strict-gpu)")
+
+    def test_lost_gpu_line_fails_need_all(self):
+        res, doc = self.smi(mode="lost", FAKE_SMI_COUNT="2")
+        self.assertVerdict(res, doc, 69, "GPU is lost")
+        self.assertEqual(len(doc["gpu"]["gpus"]), 2)
+        self.sink.messages(wait=0.01)
+        res, doc = self.smi(["--gpu-id", gpu_uuid(1)], mode="lost", FAKE_SMI_COUNT="2")
+        self.assertVerdict(res, doc, 69, "no GPU matches")
+
+    def test_driver_not_loaded_and_mismatch(self):
+        res, doc = self.smi(mode="nodriver")
+        self.assertVerdict(res, doc, 69, "NVIDIA driver not loaded (nvidia-smi: NVIDIA-SMI "
+                           "has failed")
+        self.sink.messages(wait=0.01)
+        res, doc = self.smi(mode="mismatch")
+        self.assertVerdict(res, doc, 69, "versions differ (nvidia-smi: Failed to initialize")
+
+    def test_hang_is_75_inside_the_deadline_and_killed(self):
+        res, doc = self.smi(mode="hang")
+        self.assertVerdict(res, doc, 75, "GPU probe hung: nvidia-smi did not answer")
+
+    def test_not_installed_is_69(self):
+        res, doc = self.gpu(["--gpu-backend", "nvidia-smi"], {})
+        self.assertVerdict(res, doc, 69, "nvidia-smi not found in PATH")
+
+
+class AmdTest(GpuCase):
+    def amd(self, cards, args=()):
+        root = fakes.make_amd_sysfs(tempfile.mkdtemp(dir=self.dir), cards)
+        return self.gpu(["--gpu-backend", "amd-sysfs"] + list(args),
+                        dict(GPU_PREFLIGHT_ROOT=root), deadline=4)
+
+    def test_idle_card_figures(self):
+        res, doc = self.amd([dict(busy=3, used_mib=512, total_mib=65536, temp_c=45,
+                                  unique_id="0123456789abcdef", name="AMD Instinct MI210")],
+                            ["--max-util", "50", "--min-free-mib", "1000"])
+        self.assertVerdict(res, doc, 0)
+        one = doc["gpu"]["gpus"][0]
+        self.assertEqual((one["index"], one["uuid"], one["name"], one["free_mib"],
+                          one["total_mib"], one["util_pct"], one["temp_c"], one["procs"]),
+                         (0, "0123456789abcdef", "AMD Instinct MI210", 65024, 65536, 3, 45,
+                          None))
+
+    def test_busy_card_and_unreadable_load(self):
+        res, doc = self.amd([dict(busy=95, used_mib=512, total_mib=65536)],
+                            ["--max-util", "50"])
+        self.assertVerdict(res, doc, 75, "95% busy")
+        self.sink.messages(wait=0.01)
+        res, doc = self.amd([dict(busy=0, used_mib=512, total_mib=65536, busy_text="")],
+                            ["--max-util", "50"])
+        self.assertVerdict(res, doc, 0, "util_pct unknown")
+
+    def test_only_nvidia_cards_in_sysfs_is_69(self):
+        res, doc = self.amd([dict(busy=0, used_mib=0, total_mib=1024, vendor="0x10de")])
+        self.assertVerdict(res, doc, 69, "no AMD GPU under")
+
+
+if __name__ == "__main__":
+    unittest.main()
