@@ -33,6 +33,7 @@ __version__ = "0.1.0"
 
 import argparse
 import contextlib
+import errno
 import http.client
 import json
 import os
@@ -98,6 +99,27 @@ DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 #: The most a UDP collector's name lookup may hold the exit after the verdict
 #: (it started with the run, and never runs past the deadline).
 SYSLOG_DNS_WAIT = 0.2
+
+#: --wait: the first pause between attempts, doubled up to the last (seconds).
+WAIT_FIRST, WAIT_MOST = 1.0, 15.0
+
+#: How often a caller waiting for another's check (--share-result) looks.
+FLIGHT_POLL = 0.02
+
+#: Where the shared verdict and skip count live (--state-dir): the first of
+#: $XDG_RUNTIME_DIR/gpu_preflight, /run/gpu_preflight (root), and a private
+#: directory in /tmp (0700, owned by the user, checked).
+STATE_SUBDIR = "gpu_preflight"
+ROOT_STATE_DIR = "/run/gpu_preflight"
+
+#: The options that define a check: callers share a verdict only when these
+#: are the same (--share-result).
+CHECK_OPTIONS = ("host", "model", "warmup", "keep_alive", "ollama_option",
+                 "allow_cpu", "gpu", "gpu_backend", "nvml_lib", "gpu_id", "gpu_need",
+                 "min_free_mib", "max_util", "max_procs", "max_temp", "strict_gpu")
+
+#: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
+EX_NOEXEC, EX_NOTFOUND = 126, 127
 
 #: syslog facility codes (RFC 5424), by the names logger(1) accepts.
 FACILITIES = {
@@ -658,9 +680,9 @@ OPTIONS = (
      "model to warm (default: one already loaded, else the first listed)"),
     ("timeout", None, parse_seconds, DEFAULT_TIMEOUT, "SECONDS",
      "time limit of each stage (default %g)" % DEFAULT_TIMEOUT),
-    ("deadline", None, parse_seconds, DEFAULT_DEADLINE, "SECONDS",
-     "hard limit on the whole run, from process start (default %g)"
-     % DEFAULT_DEADLINE),
+    ("deadline", None, parse_seconds, None, "SECONDS",
+     "hard limit on the whole run, from process start (default %g, plus "
+     "--wait and --jitter)" % DEFAULT_DEADLINE),
     ("warmup", None, parse_warmup, "token", "token|load|off",
      "token: generate one token; load: only load the model; off: skip "
      "(default token)"),
@@ -696,6 +718,25 @@ OPTIONS = (
     ("strict-gpu", None, "flag", False, None,
      "a threshold the GPU cannot report (N/A, MIG) fails instead of "
      "being noted"),
+    ("lock", None, str, None, "PATH",
+     "hold an exclusive flock on PATH from before the checks (until the "
+     "job ends, with -- COMMAND); held elsewhere: exit 75"),
+    ("wait", None, parse_seconds, None, "SECONDS",
+     "retry a failed check (69, 75) with backoff 1, 2, 4 .. 15 s until "
+     "ready or SECONDS have passed"),
+    ("jitter", None, parse_seconds, None, "SECONDS",
+     "sleep a random time up to SECONDS before the first attempt"),
+    ("share-result", None, parse_seconds, None, "SECONDS",
+     "reuse a ready verdict younger than SECONDS for the same check, and "
+     "wait for a check in flight instead of sending another"),
+    ("state-dir", None, str, None, "PATH",
+     "where shared verdicts and skip counts live (default "
+     "$XDG_RUNTIME_DIR/%s, %s for root, else /tmp/%s-UID)"
+     % (STATE_SUBDIR, ROOT_STATE_DIR, STATE_SUBDIR)),
+    ("metrics-file", None, str, None, "PATH",
+     "write Prometheus metrics there for node_exporter's textfile collector"),
+    ("log-changes-only", None, "flag", False, None,
+     "log only when the verdict changes (for every-minute schedules)"),
     ("json", None, "flag", False, None,
      "print one JSON object with the verdict on stdout"),
     ("verbose", "-v", "flag", False, None,
@@ -878,6 +919,8 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                     or opts.strict_gpu
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
     opts.gpu_backend = opts.gpu_backend or "auto"
+    if opts.deadline is None:
+        opts.deadline = DEFAULT_DEADLINE + (opts.wait or 0) + (opts.jitter or 0)
     opts.ollama_option = dict(opts.ollama_option)
     opts.model = (opts.model or "").strip() or None
     if opts.verbose and opts.quiet:     # a flag beats the environment and file
@@ -917,8 +960,11 @@ def configure(ns, environ):
 def spawn(run, child=None, argv=None, env=None):
     """Fork child() (its JSON result is the output) or exec argv (its stdout
     is); return (pid, read end of the output pipe)."""
+    import warnings
     rfd, wfd = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():     # a --wait retry may have threads
+        warnings.simplefilter("ignore", DeprecationWarning)  # blocked in sockets
+        pid = os.fork()
     if pid == 0:                    # the child: never returns
         status = 127 if argv else EX_SOFTWARE
         try:
@@ -1366,8 +1412,12 @@ class Stage(object):
 class Run(object):
     """One preflight: options, clock, finished stages and the verdict."""
 
-    def __init__(self, opts, started):
+    def __init__(self, opts, started, attempt=1, lookup=None):
         self.opts = opts
+        self.attempt = attempt      # --wait: which attempt this is
+        self.reused = None          # --share-result: the state reused, if any
+        self.problems = []          # trouble beside the verdict (state, metrics)
+        self.unchanged = False      # --log-changes-only: same verdict as last time
         self.started = started
         self.deadline_at = started + opts.deadline
         self.stages = []            # dicts: name, status, duration_ms, reason
@@ -1380,7 +1430,7 @@ class Run(object):
         self.stage = None
         self.reason = ""
         self.trace = None           # traceback text of an internal error
-        self.lookup = None          # Lookup of a UDP syslog host, if any
+        self.lookup = lookup        # Lookup of a UDP syslog host, if any
         self.gpu = None             # what the GPU stage found (--json "gpu")
         self.children = []          # GPU probes not reaped yet (pids = pgids)
         self.wake = threading.Event()   # set when a stage starts or ends
@@ -1670,6 +1720,286 @@ def process_started():
     return now - min(max(age, 0.0), 5.0)
 
 
+# ---- Living under cron: attempts, lock, shared verdict, metrics, the job ----
+
+def check_until_ready(run, shared):
+    """The checks, reusing a shared verdict when there is one, retried with
+    backoff under --wait; returns the Run that holds the final verdict."""
+    opts = run.opts
+    state = shared.reusable(run, None) if shared and opts.share_result else None
+    try:
+        if state is None and opts.jitter:
+            time.sleep(max(0.0, min(opts.jitter * _random(), run.deadline_at
+                                    - time.monotonic() - opts.timeout)))
+        if state is None and shared and opts.share_result:
+            state = shared.fly(run)
+        if state is not None:
+            run.reused = state
+            run.decide(state["code"], state.get("stage"), "reused verdict of pid %s, "
+                       "%.1fs old: %s" % (state.get("pid"), time.time() - state["time"],
+                                          state.get("reason", "")))
+            run.model = state.get("model") or run.model
+            return run
+        pause = WAIT_FIRST
+        while True:
+            try:
+                if opts.gpu:
+                    check_gpu(run)      # forks: first, while few threads exist
+                start_lookup(run)
+                if run.code is None:
+                    supervise(run, lambda r: check_service(r, Client(opts.host)))
+            except Fail as exc:
+                run.decide(exc.code, exc.stage, exc.reason)
+            left = min(run.started + (opts.wait or 0), run.deadline_at) - time.monotonic()
+            if run.code not in (EX_UNAVAILABLE, EX_TEMPFAIL) or left <= 0:
+                return run
+            time.sleep(min(left, pause * (0.75 + 0.5 * _random())))
+            pause = min(pause * 2, WAIT_MOST)
+            kill_probes(run)
+            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup)
+    except Interrupted as exc:
+        exc.run = run
+        raise
+
+
+def _random():
+    """A number in [0, 1) without importing random (it costs 2 ms)."""
+    return int.from_bytes(os.urandom(4), "big") / 2.0 ** 32
+
+
+
+def find_command(name, environ):
+    """(path, None) of an executable COMMAND, or (None, (126|127, message))."""
+    dirs = environ.get("PATH", os.defpath).split(os.pathsep)
+    paths = [name] if "/" in name else [os.path.join(d or ".", name) for d in dirs]
+    found = [p for p in paths if os.path.exists(p)]
+    for path in found:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path, None
+    if found:
+        return None, (EX_NOEXEC, "%s: permission denied (not an executable file)"
+                      % sanitise(found[0]))
+    return None, (EX_NOTFOUND, "%s: command not found" % sanitise(name))
+
+
+def open_no_follow(path, mode=0o644):
+    """A descriptor of a regular file, created with mode when missing; a
+    symlink at path is never followed (raises OSError, ELOOP)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        os.fchmod(fd, mode)         # not narrowed by the umask
+    except FileExistsError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(0, "not a regular file")
+    return fd
+
+
+def take_lock(path):
+    """An exclusive flock on path, held as long as the descriptor lives.
+
+    Raises Fail: 75 when another holds it, 78 when path cannot be a lock.
+    The file is never deleted: deleting a flock file races with its takers.
+    """
+    import fcntl
+    try:
+        fd = open_no_follow(path)
+    except OSError as exc:
+        why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
+        raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
+    return fd
+
+
+def state_dir(opts, environ):
+    """The directory of shared state, made if missing and checked to be the
+    user's own (so nobody else can plant a verdict); raises OSError."""
+    if opts.state_dir:
+        path = opts.state_dir
+    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+        path = os.path.join(environ["XDG_RUNTIME_DIR"], STATE_SUBDIR)
+    elif os.geteuid() == 0:
+        path = ROOT_STATE_DIR
+    else:
+        path = "/tmp/%s-%d" % (STATE_SUBDIR, os.geteuid())
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
+            or info.st_mode & 0o022:
+        raise OSError(0, "%s is not a directory of this user's that only it can "
+                      "write" % path)
+    return path
+
+
+def state_key(opts):
+    """The file name of a check's state: readable, plus a checksum of the
+    options that define the check."""
+    import zlib
+    check = json.dumps([getattr(opts, name) for name in CHECK_OPTIONS], sort_keys=True)
+    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, opts.model or ""))
+    return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
+
+
+def read_state(path):
+    """The state dict saved at path, or {} when there is none or it is bad."""
+    try:
+        doc = json.loads(read_small_file(path, MAX_CONFIG).decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def write_atomic(path, data, mode):
+    """Replace path with data: a temporary file beside it, then rename."""
+    tmp = os.path.join(os.path.dirname(path) or ".", ".%s.%d.tmp"
+                       % (os.path.basename(path), os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)     # not narrowed by the umask
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+class Shared(object):
+    """--share-result, --log-changes-only and the skip count: one state file
+    per check in the state directory, and a flight lock beside it."""
+
+    def __init__(self, opts, environ):
+        self.opts = opts
+        self.base = os.path.join(state_dir(opts, environ), state_key(opts))
+        self.previous = read_state(self.base + ".json")
+        self.flight = None          # descriptor holding the flight lock
+
+    def reusable(self, run, since):
+        """A verdict to reuse: ready and young enough, or (when since is
+        given) any verdict written after since, by the check we waited for."""
+        state = self.previous
+        age = time.time() - state.get("time", 0)
+        if not isinstance(state.get("code"), int) or not 0 <= age:
+            return None
+        if state["code"] == EX_OK and age < (self.opts.share_result or 0):
+            return state
+        if since is not None and state["time"] >= since:
+            return state
+        return None
+
+    def fly(self, run):
+        """Take the flight lock, waiting (to the deadline) while another
+        caller checks; returns the verdict it left, or None: check yourself."""
+        import fcntl
+        fd = open_no_follow(self.base + ".lock", 0o600)
+        since = time.time()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
+                    os.close(fd)
+                    raise Fail(EX_TEMPFAIL, "deadline of %gs reached waiting for "
+                               "another caller's check" % run.opts.deadline, "shared")
+                time.sleep(FLIGHT_POLL)
+        self.flight = fd
+        if since + FLIGHT_POLL < time.time():   # we waited: the verdict is new
+            self.previous = read_state(self.base + ".json")
+            return self.reusable(run, since)
+        return None
+
+    def save(self, run, reused):
+        """Record this run's verdict and skip count; release the flight."""
+        skips = 0 if run.code == EX_OK else self.previous.get("skips", 0) + 1
+        if not reused:
+            state = {"time": time.time(), "code": run.code, "stage": run.stage,
+                     "reason": run.reason, "model": run.model, "pid": os.getpid(),
+                     "skips": skips}
+            write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
+        if self.flight is not None:
+            os.close(self.flight)
+            self.flight = None
+        return skips
+
+
+def metrics_text(run, skips, now):
+    """Prometheus text format: each family once, with HELP and TYPE, no
+    timestamps (node_exporter's textfile collector refuses them)."""
+    def label(value):
+        return str(value or "").replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    labels = 'host="%s",model="%s"' % (label(run.opts.host), label(run.model))
+    families = [
+        ("ready", "1 when the last check found the service ready, else 0",
+         [("", int(run.code == EX_OK))]),
+        ("last_run_timestamp_seconds", "Unix time of the last check", [("", now)]),
+        ("exit_code", "exit status of the last check", [("", run.code)]),
+        ("stage_duration_seconds", "time each stage of the last check took",
+         [(',stage="%s"' % s["name"], s["duration_ms"] / 1000.0) for s in run.stages]),
+        ("consecutive_skips", "checks in a row that did not find the service ready",
+         [("", skips)]),
+    ]
+    lines = []
+    for name, text, samples in families:
+        if not samples:
+            continue
+        lines += ["# HELP %s_%s %s" % (PROG, name, text), "# TYPE %s_%s gauge" % (PROG, name)]
+        lines += ["%s_%s{%s%s} %s" % (PROG, name, labels, extra, repr(float(value))
+                                      if isinstance(value, float) else value)
+                  for extra, value in samples]
+    return "\n".join(lines) + "\n"
+
+
+def exec_job(path, argv, lock_fd):
+    """Become the job: signals back to their defaults (Python ignores SIGPIPE
+    and SIGXFSZ), the GPU lock inherited. Returns (status, why) on failure."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
+    if lock_fd is not None:
+        os.set_inheritable(lock_fd, True)
+    try:
+        sys.stdout.flush()
+        os.execv(path, argv)
+    except OSError as exc:
+        return (EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC,
+                "%s: %s" % (sanitise(path), exc.strerror))
+
+
+def keep_state(run, shared):
+    """After the verdict: the shared state, the skip count, the metrics file,
+    and whether the verdict is worth a log line (--log-changes-only)."""
+    opts, skips = run.opts, None
+    if shared is not None:
+        before = shared.previous
+        try:
+            skips = shared.save(run, run.reused is not None)
+        except OSError as exc:
+            run.problems.append("state not saved: %s" % (exc.strerror or exc))
+        if run.code == EX_OK and before.get("skips"):
+            run.notes.append("recovered after %d skips" % before["skips"])
+        run.unchanged = opts.log_changes_only and before.get("code") == run.code
+    if opts.metrics_file:
+        text = metrics_text(run, skips if skips is not None else int(run.code != EX_OK),
+                            time.time())
+        try:
+            write_atomic(opts.metrics_file, text.encode("utf-8"), 0o644)
+        except OSError as exc:
+            run.problems.append("metrics file %s: %s" % (opts.metrics_file,
+                                                         exc.strerror or exc))
+
+
 # ---- Report: syslog line, JSON, terminal ------------------------------------
 
 def quote(text):
@@ -1703,6 +2033,12 @@ def log_line(run, elapsed_ms):
         fields.append(("was_loaded", "yes" if run.loaded_before else "no"))
     if run.vram_pct is not None:
         fields.append(("vram_pct", run.vram_pct))
+    if run.attempt > 1:
+        fields.append(("attempts", run.attempt))
+    if run.reused:
+        fields.append(("shared", "reused"))
+    if run.problems:
+        fields.append(("problem", "; ".join(run.problems)))
     if run.gpu:
         fields.append(("gpu_backend", run.gpu["backend"]))
         for n, gpu in enumerate(run.gpu["gpus"]):
@@ -1800,6 +2136,8 @@ def verdict_json(run, elapsed_ms):
         "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
         "warmup": run.opts.warmup, "model_was_loaded": run.loaded_before,
         "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
+        "attempts": run.attempt, "reused": run.reused is not None,
+        "problems": run.problems,
     }
 
 
@@ -1809,7 +2147,7 @@ def report(run):
     elapsed_ms = (time.monotonic() - run.started) * 1000.0
     line = log_line(run, elapsed_ms)
     problem = None
-    if not opts.no_syslog:
+    if not opts.no_syslog and not run.unchanged:
         target = None
         start_lookup(run)
         if run.lookup is not None:
@@ -1828,7 +2166,8 @@ def report(run):
             sys.stderr.write("%s: %s\n" % (PROG, line))
             if problem:
                 sys.stderr.write("%s: warning: %s\n" % (PROG, sanitise(problem)))
-        elif run.code != EX_OK and (run.code == EX_SOFTWARE or _isatty(sys.stderr)):
+        elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
+                                    or _isatty(sys.stderr)):
             sys.stderr.write("%s: skip (%d%s): %s\n" % (
                 PROG, run.code, ", " + run.stage if run.stage else "",
                 sanitise(verdict_reason(run), REASON_MAX)))
@@ -1856,11 +2195,16 @@ def main(argv=None, started=None):
     """
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = args[args.index("--") + 1:] if "--" in args else None
     try:
         try:
-            ns = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+            ns = build_parser().parse_args(args[:args.index("--")] if command is not None
+                                           else args)
             if ns.verbose and ns.quiet:
                 raise UsageError("-v/--verbose and -q/--quiet exclude each other")
+            if command == []:
+                raise UsageError("'--' must be followed by the COMMAND to run")
         except _ParserExit as exc:
             return exc.status
         except UsageError as exc:
@@ -1868,17 +2212,26 @@ def main(argv=None, started=None):
             return EX_USAGE
         opts, problem = configure(ns, os.environ)
         run = Run(opts, started)
+        lock_fd = shared = path = None
         try:
             if problem:
-                run.decide(EX_CONFIG, "config", problem)
-            elif opts.gpu:
-                check_gpu(run)      # forks: first, while this is the only thread
-            start_lookup(run)
-            if run.code is None:
-                supervise(run, lambda r: check_service(r, Client(opts.host)))
-        except Fail as exc:         # the GPU stage's verdict
+                raise Fail(EX_CONFIG, problem, "config")
+            if command:
+                path, failure = find_command(command[0], os.environ)
+                if failure:
+                    raise Fail(failure[0], failure[1], "command")
+            if opts.lock:
+                lock_fd = take_lock(opts.lock)
+            if opts.share_result or opts.metrics_file or opts.log_changes_only:
+                try:
+                    shared = Shared(opts, os.environ)
+                except OSError as exc:
+                    run.problems.append("state not kept: %s" % (exc.strerror or exc))
+            run = check_until_ready(run, shared)
+        except Fail as exc:
             run.decide(exc.code, exc.stage, exc.reason)
         except Interrupted as exc:
+            run = getattr(exc, "run", run)
             stage = run.current.name if run.current else None
             run.decide(128 + exc.signum, stage, "interrupted by %s%s" % (
                 signal.Signals(exc.signum).name,
@@ -1889,7 +2242,12 @@ def main(argv=None, started=None):
                        % (type(exc).__name__, sanitise(exc)))
         _set_signals(signal.SIG_IGN)
         kill_probes(run)
+        keep_state(run, shared)
         report(run)
+        if command and run.code == EX_OK:
+            code, why = exec_job(path, command, lock_fd)
+            sys.stderr.write("%s: cannot run %s\n" % (PROG, why))
+            return code
         return run.code
     except Interrupted as exc:      # while parsing, before a run existed
         return 128 + exc.signum

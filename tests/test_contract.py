@@ -37,7 +37,9 @@ class ContractCase(unittest.TestCase):
 
     def run_gp(self, args, env=None, log=True):
         extra = ["--syslog-address", self.sink.path] if log else []
-        return support.run_script(list(args) + extra, env=env)
+        args = list(args)
+        cut = args.index("--") if "--" in args else len(args)   # before a job's COMMAND
+        return support.run_script(args[:cut] + extra + args[cut:], env=env)
 
     def log(self):
         """The one syslog line of the run: (priority, fields)."""

@@ -1,0 +1,384 @@
+"""Living under cron and systemd: run-the-job mode, --lock, --wait, --jitter,
+--share-result (single flight), --metrics-file and --log-changes-only, all
+driving the real script as a subprocess against the loopback emulator.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import support
+from ollama_emu import Emulator, free_port
+from test_contract import SLACK, ContractCase
+
+
+class JobCase(ContractCase):
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.dir = tempfile.mkdtemp(prefix="gpfl-job-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.state = os.path.join(self.dir, "state")
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def start(self, args, env=None):
+        """The script as a cron job in the background: a Popen."""
+        return subprocess.Popen(
+            [sys.executable, support.SCRIPT, "--syslog-address", self.sink.path] + args,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env or support.cron_env(), cwd="/", start_new_session=True)
+
+    def finish(self, proc, timeout=30):
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out.decode("ascii"), err.decode("ascii")
+
+
+class RunTheJobTest(JobCase):
+    def test_ready_execs_the_job_with_its_pid_status_and_default_signals(self):
+        emu = self.emulator()
+        proc = self.start(["--host", emu.url, "--", "/bin/sh", "-c",
+                           'echo "$$"; grep -E "^Sig(Ign|Blk)" /proc/$$/status; '
+                           'ls /proc/$$/fd; exit 7'])
+        code, out, err = self.finish(proc)
+        self.assertEqual((code, err), (7, ""), out)
+        lines = out.split("\n")
+        self.assertEqual(lines[0], str(proc.pid), "the job must be the same process")
+        self.assertEqual(sorted(lines[1:3]), ["SigBlk:\t0000000000000000",
+                                              "SigIgn:\t0000000000000000"],
+                         "signals (SIGPIPE, SIGINT) left ignored or blocked for the job")
+        self.assertEqual(sorted(lines[3:-1], key=int), ["0", "1", "2"],
+                         "a descriptor of the preflight leaked into the job")
+        priority, fields = self.log()
+        self.assertEqual(fields["result"], "ready")
+
+    def test_signals_go_to_the_job(self):
+        emu = self.emulator()
+        marker = self.path("started")
+        proc = self.start(["--host", emu.url, "--", "/bin/sh", "-c",
+                           'touch %s; exec sleep 30' % marker])
+        end = time.monotonic() + 10
+        while not os.path.exists(marker) and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGTERM)
+        code, out, err = self.finish(proc)
+        self.assertEqual(code, -signal.SIGTERM, (out, err))
+
+    def test_the_job_never_runs_on_any_failure(self):
+        marker = self.path("ran")
+        busy = self.emulator(mode="busy")
+        cases = [
+            (["--host", "127.0.0.1:%d" % free_port()], 69, "connection refused"),
+            (["--host", busy.url], 75, "503 server busy"),
+            (["--host", busy.url, "--model", "absent"], 78, "not present"),
+            (["--host", busy.url, "--config", self.path("missing.conf")], 78,
+             "cannot read config file"),
+            (["--host", "127.0.0.1:%d" % free_port(), "--gpu-backend", "nvml",
+              "--nvml-lib", "/nonexistent.so"], 69, "no GPU driver found"),
+        ]
+        for args, code, text in cases:
+            with self.subTest(args=args):
+                res = self.run_gp(args + ["--", "/usr/bin/touch", marker])
+                self.assertEqual(res.code, code, res)
+                self.assertIn(text, self.log()[1]["reason"])
+                self.assertFalse(os.path.exists(marker), "the job ran after a skip")
+
+    def test_command_not_found_or_not_executable(self):
+        emu = self.emulator()
+        plain = self.path("plain")
+        open(plain, "w").close()
+        for command, code, text in ((["no-such-command-gpfl"], 127, "command not found"),
+                                    ([plain], 126, "permission denied"),
+                                    ([self.dir], 126, "permission denied")):
+            with self.subTest(command=command):
+                res = self.run_gp(["--host", emu.url, "--"] + command)
+                self.assertEqual(res.code, code, res)
+                self.assertEqual(res.stderr.count("\n"), 1, res)
+                self.assertIn(text, res.stderr)
+                self.assertEqual(self.log()[1]["stage"], "command")
+        self.assertEqual(emu.requests, [], "checks ran for a job that cannot start")
+
+    def test_dash_dash_without_a_command_is_a_usage_error(self):
+        res = support.run_script(["--"])
+        self.assertEqual(res.code, 64, res)
+        self.assertIn("must be followed by the COMMAND", res.stderr)
+
+
+class LockTest(JobCase):
+    def test_second_run_with_the_same_lock_gets_75_at_once(self):
+        emu = self.emulator(mode="cold", load_seconds=2)
+        lock = self.path("gpu.lock")
+        first = self.start(["--host", emu.url, "--timeout", "5", "--lock", lock])
+        time.sleep(0.8)
+        res = self.run_gp(["--host", emu.url, "--lock", lock, "--deadline", "3"])
+        self.assertEqual(res.code, 75, res)
+        self.assertLess(res.elapsed, 3 + SLACK)
+        self.assertEqual(self.finish(first)[0], 0)
+        messages = self.sink.messages()
+        self.assertTrue(any('reason="locked by another job (%s)"' % lock in m
+                            for m in messages), messages)
+        mode = stat.S_IMODE(os.stat(lock).st_mode)
+        self.assertEqual(mode, 0o644)
+
+    def test_the_job_holds_the_lock_until_it_ends(self):
+        emu = self.emulator()
+        lock = self.path("gpu.lock")
+        marker = self.path("job-started")
+        job = self.start(["--host", emu.url, "--lock", lock, "--", "/bin/sh", "-c",
+                          "touch %s; sleep 2" % marker])
+        end = time.monotonic() + 10
+        while not os.path.exists(marker) and time.monotonic() < end:
+            time.sleep(0.02)
+        during = self.run_gp(["--host", emu.url, "--lock", lock])
+        self.assertEqual(during.code, 75, during)
+        self.assertEqual(self.finish(job)[0], 0)
+        after = self.run_gp(["--host", emu.url, "--lock", lock])
+        self.assertEqual(after.code, 0, after)
+
+    def test_a_symlink_at_the_lock_path_is_not_followed(self):
+        emu = self.emulator()
+        target = self.path("victim")
+        lock = self.path("gpu.lock")
+        os.symlink(target, lock)
+        res = self.run_gp(["--host", emu.url, "--lock", lock])
+        self.assertEqual(res.code, 78, res)
+        self.assertIn("a symlink, not followed", self.log()[1]["reason"])
+        self.assertFalse(os.path.exists(target))
+
+    def test_lock_mode_ignores_the_umask(self):
+        emu = self.emulator()
+        lock = self.path("gpu.lock")
+        res = support.run_script(["--host", emu.url, "--no-syslog", "--lock", lock, "--",
+                                  "/bin/true"], env=support.cron_env())
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(stat.S_IMODE(os.lstat(lock).st_mode), 0o644)
+
+
+class WaitTest(JobCase):
+    def test_wait_succeeds_when_the_service_comes_up_late(self):
+        port = free_port()
+        late = Emulator(port=port)
+        timer = threading.Timer(3.0, late.start)
+        timer.start()
+        self.addCleanup(late.stop)
+        self.addCleanup(timer.cancel)
+        res = self.run_gp(["--host", "127.0.0.1:%d" % port, "--wait", "30"])
+        self.assertEqual(res.code, 0, res)
+        self.assertGreater(res.elapsed, 2.5)
+        self.assertLess(res.elapsed, 3 + 8 + SLACK, "backoff 1, 2, 4 with jitter")
+        fields = self.log()[1]
+        self.assertGreaterEqual(int(fields["attempts"]), 2)
+
+    def test_wait_against_a_service_that_never_answers_ends_at_the_deadline(self):
+        emu = self.emulator(mode="hang")
+        res = self.run_gp(["--host", emu.url, "--wait", "30", "--timeout", "1",
+                           "--deadline", "4"])
+        self.assertEqual(res.code, 75, res)
+        self.assertLess(res.elapsed, 4 + SLACK)
+        self.assertGreaterEqual(res.elapsed, 3.5)
+        self.assertGreaterEqual(len(emu.requests), 2, "one request per attempt, afresh")
+
+    def test_wait_does_not_retry_a_configuration_error(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--model", "absent", "--wait", "30"])
+        self.assertEqual(res.code, 78, res)
+        self.assertLess(res.elapsed, 5)
+        self.assertEqual(emu.count("GET", "/api/tags"), 1)
+
+    def test_jitter_is_bounded_by_the_deadline(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--jitter", "600", "--deadline", "2",
+                           "--timeout", "1"])
+        self.assertEqual(res.code, 0, res)
+        self.assertLess(res.elapsed, 2 + SLACK)
+
+
+class ShareResultTest(JobCase):
+    def shared(self, emu, *extra):
+        return ["--host", emu.url, "--share-result", "60", "--state-dir", self.state,
+                "--no-syslog"] + list(extra)
+
+    def crowd(self, args, n=20):
+        procs = [self.start(args) for _ in range(n)]
+        return [self.finish(p, timeout=60) for p in procs]
+
+    def test_twenty_simultaneous_callers_send_one_warmup(self):
+        emu = self.emulator(mode="cold", load_seconds=1.5)
+        results = self.crowd(self.shared(emu, "--timeout", "10", "--json"))
+        self.assertEqual([r[0] for r in results], [0] * 20, results)
+        self.assertEqual(emu.count("POST", "/api/generate"), 1)
+        reused = [json.loads(r[1])["reused"] for r in results]
+        self.assertEqual(reused.count(False), 1)
+
+    def test_a_failing_service_fails_every_caller(self):
+        emu = self.emulator(mode="hang")
+        results = self.crowd(self.shared(emu, "--timeout", "1.5", "--deadline", "8"))
+        self.assertEqual([r[0] for r in results], [75] * 20, results)
+        self.assertLessEqual(len(emu.requests), 3, "callers must wait, not send")
+
+    def test_a_fresh_ready_verdict_is_reused_without_the_network_until_it_ages(self):
+        emu = self.emulator()
+        args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "1"]
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.log()
+        sent = len(emu.requests)
+        res = self.run_gp(args)
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(len(emu.requests), sent, "a reused verdict touched the network")
+        fields = self.log()[1]
+        self.assertEqual(fields["shared"], "reused")
+        self.assertRegex(fields["reason"], r"^reused verdict of pid \d+, [\d.]+s old: ")
+        time.sleep(1.1)
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertGreater(len(emu.requests), sent)
+
+    def test_a_failure_is_not_reused_by_a_later_caller(self):
+        emu = self.emulator(mode="busy")
+        args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "60",
+                "--no-syslog"]
+        self.assertEqual(self.run_gp(args).code, 75)
+        self.assertEqual(self.run_gp(args).code, 75)
+        self.assertEqual(emu.count("POST", "/api/generate"), 2)
+
+    def test_different_checks_do_not_share(self):
+        emu = self.emulator(models=("a:latest", "b:latest"), loaded=("a:latest", "b:latest"))
+        base = ["--host", emu.url, "--state-dir", self.state, "--share-result", "60",
+                "--no-syslog"]
+        self.assertEqual(self.run_gp(base + ["--model", "a"]).code, 0)
+        self.assertEqual(self.run_gp(base + ["--model", "b"]).code, 0)
+        self.assertEqual(emu.count("POST", "/api/generate"), 2)
+
+    def test_a_state_directory_others_can_write_is_not_trusted(self):
+        emu = self.emulator()
+        os.mkdir(self.state)
+        os.chmod(self.state, 0o777)
+        args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "60"]
+        res = self.run_gp(args)
+        self.assertEqual(res.code, 0, res)
+        self.assertIn("state not kept", self.log()[1]["problem"])
+        self.assertEqual(os.listdir(self.state), [])
+
+
+class LogChangesOnlyTest(JobCase):
+    def test_only_changes_are_logged_and_recovery_counts_the_skips(self):
+        port = free_port()
+        args = ["--host", "127.0.0.1:%d" % port, "--state-dir", self.state,
+                "--log-changes-only"]
+        emu = Emulator(port=port).start()
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(len(self.sink.messages()), 1)
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(self.sink.messages(wait=0.3), [], "an unchanged verdict logged")
+        emu.stop()
+        self.assertEqual(self.run_gp(args).code, 69)
+        self.assertEqual(len(self.sink.messages()), 1)
+        self.assertEqual(self.run_gp(args).code, 69)
+        self.assertEqual(self.sink.messages(wait=0.3), [])
+        emu = Emulator(port=port).start()
+        self.addCleanup(emu.stop)
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertIn("recovered after 2 skips", self.log()[1]["reason"])
+
+
+#: One sample line of the text format: name{labels} value (no timestamp).
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="'
+                     r'(?:[^"\\\n]|\\[\\"n])*",?)*)\} (\S+)$')
+
+
+def strict_parse(text):
+    """The text format, strictly: {family: [(labels text, value)]}.
+
+    HELP and TYPE before a family's samples, each family one contiguous
+    group, no timestamps, escaped label values, a final newline.
+    """
+    assert text.endswith("\n"), "no final newline"
+    families, current = {}, None
+    for line in text[:-1].split("\n"):
+        if line.startswith("# HELP "):
+            name = line.split(" ")[2]
+            assert name not in families, "family %s twice" % name
+            families[name], current = [], name
+        elif line.startswith("# TYPE "):
+            assert line.split(" ")[2:] == [current, "gauge"], line
+        else:
+            match = _SAMPLE.match(line)
+            assert match, "bad sample line %r" % line
+            assert match.group(1) == current, "sample outside its family: %r" % line
+            float(match.group(3))
+            families[current].append((match.group(2), match.group(3)))
+    return families
+
+
+class MetricsTest(JobCase):
+    def test_metrics_file_is_valid_atomic_readable_and_counts_skips(self):
+        metrics = self.path("gpu.prom")
+        emu = self.emulator()
+        args = ["--state-dir", self.state, "--metrics-file", metrics, "--no-syslog"]
+        self.assertEqual(self.run_gp(["--host", emu.url] + args).code, 0)
+        first = os.stat(metrics)
+        self.assertEqual(stat.S_IMODE(first.st_mode), 0o644)
+        with open(metrics) as handle:
+            text = handle.read()
+        families = strict_parse(text)
+        self.assertEqual(sorted(families), sorted(
+            "gpu_preflight_" + n for n in ("ready", "last_run_timestamp_seconds",
+                                           "exit_code", "stage_duration_seconds",
+                                           "consecutive_skips")))
+        labels = 'host="%s",model="llama3.2:latest"' % emu.url
+        self.assertEqual(families["gpu_preflight_ready"], [(labels, "1")])
+        stages = [l for l, _ in families["gpu_preflight_stage_duration_seconds"]]
+        self.assertEqual(stages, [labels + ',stage="%s"' % s
+                                  for s in ("tags", "loaded", "warmup", "placement")])
+        self.check_with_prometheus_client(text)
+
+        refused = "127.0.0.1:%d" % free_port()
+        for skips in (1, 2):
+            self.assertEqual(self.run_gp(["--host", refused] + args).code, 69)
+        with open(metrics) as handle:
+            families = strict_parse(handle.read())
+        labels = 'host="http://%s",model=""' % refused
+        self.assertEqual(families["gpu_preflight_consecutive_skips"], [(labels, "2")])
+        self.assertEqual(families["gpu_preflight_exit_code"], [(labels, "69")])
+        self.assertNotEqual(os.stat(metrics).st_ino, first.st_ino, "not replaced by rename")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["gpu.prom", "state"],
+                         "temporary files left behind")
+
+    def test_metrics_file_in_a_missing_directory_is_reported_not_fatal(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--metrics-file", self.path("no/such.prom"),
+                           "--state-dir", self.state])
+        self.assertEqual(res.code, 0, res)
+        self.assertIn("metrics file", self.log()[1]["problem"])
+
+    def check_with_prometheus_client(self, text):
+        """Prometheus's own parser (prometheus-client, in CI's tool venv)."""
+        python = os.environ.get("PROMETHEUS_PYTHON", "")
+        if not python:
+            message = "PROMETHEUS_PYTHON (a Python with prometheus-client) is not set"
+            if support.IN_CI:
+                self.fail(message + " (CI=true: .ci/run must install it)")
+            self.skipTest(message)
+        code = ("import sys\nfrom prometheus_client.parser import "
+                "text_string_to_metric_families as parse\n"
+                "for f in parse(sys.stdin.read()):\n"
+                "    print(f.name, f.type, len(f.samples))\n")
+        out = subprocess.run([python, "-c", code], input=text.encode(),
+                             stdout=subprocess.PIPE, check=True).stdout.decode()
+        self.assertEqual(sorted(out.split("\n")[:-1]), [
+            "gpu_preflight_consecutive_skips gauge 1", "gpu_preflight_exit_code gauge 1",
+            "gpu_preflight_last_run_timestamp_seconds gauge 1",
+            "gpu_preflight_ready gauge 1", "gpu_preflight_stage_duration_seconds gauge 4"])
+
+
+if __name__ == "__main__":
+    unittest.main()
