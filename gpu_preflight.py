@@ -73,6 +73,9 @@ OLLAMA_PORT = "11434"
 #: Socket timeout of each stage, and the bound of the whole run (seconds).
 DEFAULT_TIMEOUT = 3.0
 DEFAULT_DEADLINE = 10.0
+#: The GPU stage's own limit (capped by the deadline): NVML without
+#: persistence mode initialises every GPU, 1 to 3 s each.
+DEFAULT_GPU_TIMEOUT = 5.0
 
 #: How long past a stage's budget the watchdog waits for the socket timeout
 #: to report it itself, before it declares the stage timed out. An optional
@@ -156,6 +159,7 @@ SMI_FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.use
 NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 3, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
 NVML_LIB_RM_VERSION_MISMATCH = 18
+NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM = 4, 17
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
@@ -416,7 +420,7 @@ def parse_gpu_ids(text):
     """--gpu-id: comma-separated NVML indexes or UUIDs (or UUID prefixes)."""
     ids = [item.strip() for item in text.split(",") if item.strip()]
     bad = [item for item in ids if not (item.isdigit() or re.match(
-        r"^(GPU|MIG)-[0-9A-Fa-f-]+$", item))]
+        r"^(GPU|MIG)-[0-9A-Za-z/-]+$", item))]
     if not ids or bad:
         raise ValueError("%r: expected indexes or UUIDs (0,1 or GPU-8f3a...)" % text)
     return ids
@@ -469,7 +473,8 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
     """One GPU as every backend reports it; None is "cannot be read"."""
     return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
             "free_mib": free, "util_pct": util, "procs": procs, "temp_c": temp,
-            "mig": None, "mig_uuids": [], "error": error, "health": None}
+            "mig": None, "parent": None, "access": True, "error": error,
+            "health": None}
 
 
 def parse_generate(data):
@@ -591,40 +596,50 @@ GPU_LIMITS = (("min_free_mib", "free_mib", " MiB free", True),
 
 
 def gpu_label(gpu):
-    """'GPU 1 (GPU-bbbbbbbb)' for reasons."""
-    uuid = (gpu.get("uuid") or "")[:12]
-    return "GPU %s%s" % (gpu.get("index"), " (%s)" % uuid if uuid else "")
+    """'GPU 1 (GPU-bbbbbbbb)', 'MIG device MIG-aaaaaaaa of GPU 0', for reasons."""
+    uuid = (gpu["uuid"] or "")[:12]
+    if gpu["parent"]:
+        return "MIG device %s of GPU %s" % (uuid, gpu["index"])
+    if gpu["index"] is None:
+        return gpu["name"] or "a GPU"
+    return "GPU %s%s" % (gpu["index"], " (%s)" % uuid if uuid else "")
 
 
 def select_gpus(gpus, ids, environ):
-    """The GPUs the job will use: (selected, unmatched ids, note or None).
+    """The GPUs the job will use: (selected, unmatched ids, notes).
 
     --gpu-id takes indexes and UUID prefixes; otherwise the UUIDs listed in
-    CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES. Indexes in those two are
-    ignored: CUDA's order need not be NVML's. A MIG UUID selects its parent.
+    CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES. Indexes in those two are
+    ignored: CUDA's order need not be NVML's. A MIG UUID selects that MIG
+    device; the older MIG-GPU-<uuid>/gi/ci form selects its parent GPU. By
+    default every GPU this user may open is chosen (not MIG devices: their
+    parent covers them).
     """
-    note = None
+    notes = []
+    for var in () if ids else ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        items = [i.strip() for i in environ.get(var, "").split(",") if i.strip()]
+        ids = [i for i in items if i.upper().startswith(("GPU-", "MIG-"))]
+        if ids:
+            notes = []
+            break
+        if items and items[0] not in ("all", "none", "void"):
+            notes = ["%s lists indexes, which need not be NVML's order: every GPU "
+                     "checked" % var]
     if not ids:
-        for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
-            items = [i.strip() for i in environ.get(var, "").split(",") if i.strip()]
-            uuids = [i for i in items if i.upper().startswith(("GPU-", "MIG-"))]
-            if uuids:
-                ids = uuids
-                break
-            if items and items[0] not in ("all", "none", "void"):
-                note = "%s lists indexes, which need not be NVML's order: every GPU checked" % var
-        if not ids:
-            return list(gpus), [], note
+        shut = [g for g in gpus if not g["access"]]
+        notes += ["%s: %s, not checked" % (gpu_label(g), g["error"]) for g in shut]
+        return [g for g in gpus if g["access"] and not g["parent"]], [], notes
 
     def matches(gpu, wanted):
         if wanted.isdigit():
-            return gpu.get("index") == int(wanted)
-        names = [gpu.get("uuid") or ""] + gpu.get("mig_uuids", [])
-        return any(n.lower().startswith(wanted.lower()) for n in names if n)
+            return gpu["index"] == int(wanted) and not gpu["parent"]
+        if wanted.upper().startswith("MIG-GPU-"):       # MIG-GPU-<uuid>/gi/ci
+            wanted = wanted[4:].split("/")[0]
+        return (gpu["uuid"] or "").lower().startswith(wanted.lower())
 
     selected = [g for g in gpus if any(matches(g, w) for w in ids)]
     unmatched = [w for w in ids if not any(matches(g, w) for g in gpus)]
-    return selected, unmatched, note
+    return selected, unmatched, notes
 
 
 def gpu_problems(gpu, opts):
@@ -696,6 +711,9 @@ OPTIONS = (
     ("gpu", None, "flag", False, None,
      "check the GPU itself first (stage gpu): driver up, no GPU lost, "
      "thresholds met; implied by every option below"),
+    ("gpu-timeout", None, parse_seconds, DEFAULT_GPU_TIMEOUT, "SECONDS",
+     "time limit of the GPU stage (default %g; NVML initialises each GPU in "
+     "1-3 s without persistence mode)" % DEFAULT_GPU_TIMEOUT),
     ("gpu-backend", None, parse_choice("auto", "nvml", "nvidia-smi", "amd-sysfs"),
      None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
      "of them that is installed)"),
@@ -969,12 +987,18 @@ def spawn(run, child=None, argv=None, env=None):
         status = 127 if argv else EX_SOFTWARE
         try:
             os.setpgid(0, 0)
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
                 signal.signal(signum, signal.SIG_DFL)
             null = os.open(os.devnull, os.O_RDWR)
             os.dup2(null, 0)
             os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
             os.dup2(null, 2)
+            for fd in map(int, os.listdir("/proc/self/fd")):   # a stuck probe
+                if fd > 2 and fd != wfd:                        # must hold no
+                    try:                                        # lock or pipe
+                        os.close(fd)
+                    except OSError:
+                        pass
             if argv:
                 os.execve(argv[0], argv, env)
             data = json.dumps(child()).encode("utf-8")
@@ -1018,7 +1042,11 @@ def collect(run, pid, rfd, ends_at, what):
         os.close(rfd)
     end = time.monotonic() + PROBE_REAP_WAIT
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:   # SIGCHLD ignored by whoever started us
+            run.children.remove(pid)
+            return b"".join(chunks), None
         if done:
             run.children.remove(pid)
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -1057,7 +1085,7 @@ def probe_nvml(run, ends_at):
         raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (NVML: %s)" % text, "gpu")
     if code == NVML_LIB_RM_VERSION_MISMATCH:
         raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("NVML: " + text), "gpu")
-    raise Fail(EX_UNAVAILABLE, "NVML failed: %s (NVML error %d)" % (text, code), "gpu")
+    raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text, "gpu")
 
 
 VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
@@ -1084,18 +1112,24 @@ def nvml_snapshot(path):
         _fields_ = Process._fields_ + [("gpuInstanceId", c.c_uint),
                                        ("computeInstanceId", c.c_uint)]
 
+    def mapped():
+        with open("/proc/self/maps") as maps:
+            return set(re.findall(r"/\S*libnvidia-ml\S*", maps.read()))
+
     lib, why = None, "%s not found" % (path or NVML_NAME)
     for name in [path] if path else [NVML_NAME] + [d + "/" + NVML_NAME for d in NVML_DIRS]:
+        before = mapped()
         try:
             lib = c.CDLL(name)
-            break
         except OSError as exc:
             why = str(exc) if path or name == NVML_NAME else why
-    with open("/proc/self/maps") as maps:
-        loaded = re.findall(r"\S*libnvidia-ml\S*", maps.read())
-    if lib is None or any("/stubs/" in p for p in loaded):
-        return {"nvml_error": NVML_LIBRARY_NOT_FOUND,
-                "text": why if lib is None else "only the CUDA toolkit's stub library"}
+            continue
+        loaded = sorted(mapped() - before) or [name]
+        if not any("/stubs/" in p for p in loaded):
+            break
+        lib, why = None, "only the CUDA toolkit's stub library (%s)" % loaded[0]
+    if lib is None:
+        return {"nvml_error": NVML_LIBRARY_NOT_FOUND, "text": why}
 
     def call(function, *args):          # every argument a ctypes object: no
         try:                            # bare int truncates a 64-bit handle
@@ -1105,12 +1139,40 @@ def nvml_snapshot(path):
 
     def error(code):
         lib.nvmlErrorString.restype = c.c_char_p
-        return (lib.nvmlErrorString(c.c_int(code)) or b"").decode("ascii", "replace")
+        return "%s (NVML error %d)" % ((lib.nvmlErrorString(c.c_int(code)) or b"")
+                                       .decode("ascii", "replace"), code)
 
     def text(function, handle):
         buf = c.create_string_buffer(96)
         ok = call(function, handle, buf, c.c_uint(96)) == 0
         return buf.value.decode("utf-8", "replace") if ok else None
+
+    def uint(function, handle, *args):
+        value = c.c_uint(0)
+        return value.value if call(function, handle, *args + (c.byref(value),)) == 0 else None
+
+    def measure(handle, gpu):
+        """Memory and compute processes, of a GPU or a MIG device."""
+        mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
+        code = call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
+        if code:
+            mem = Memory()
+            code = call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
+        if code == NVML_GPU_IS_LOST:
+            gpu["error"] = error(code)
+        elif code == 0:
+            gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
+        for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
+                               ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
+                               ("nvmlDeviceGetComputeRunningProcesses", Process)):
+            number = c.c_uint(0)
+            code = call(function, handle, c.byref(number), None)
+            if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
+                number = c.c_uint(number.value * 2 + 5)
+                code = call(function, handle, c.byref(number), (kind * number.value)())
+            if code != NVML_FUNCTION_NOT_FOUND:
+                gpu["procs"] = number.value if code == 0 else None
+                break
 
     code = call("nvmlInit_v2")
     if code:
@@ -1124,64 +1186,49 @@ def nvml_snapshot(path):
             handle = c.c_void_p()
             code = call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
             if code:
-                gpus.append(gpu_record(index, None, None, error="%s (NVML error %d)"
-                                       % (error(code), code)))
+                gpus.append(gpu_record(index, None, None, error=error(code)))
+                gpus[-1]["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
                 continue
             gpu = gpu_record(index, text("nvmlDeviceGetUUID", handle),
                              text("nvmlDeviceGetName", handle))
             gpus.append(gpu)
-            mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
-            code = call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
-            if code:
-                mem = Memory()
-                code = call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
-            if code == NVML_GPU_IS_LOST:
-                gpu["error"] = error(code)
+            measure(handle, gpu)
+            if gpu["error"]:
                 continue
-            if code == 0:
-                gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
             util = (c.c_uint * 2)()
             if call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
                 gpu["util_pct"] = util[0]
-            for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
-                                   ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
-                                   ("nvmlDeviceGetComputeRunningProcesses", Process)):
-                number = c.c_uint(0)
-                code = call(function, handle, c.byref(number), None)
-                if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
-                    number = c.c_uint(number.value * 2 + 5)
-                    code = call(function, handle, c.byref(number), (kind * number.value)())
-                if code != NVML_FUNCTION_NOT_FOUND:
-                    gpu["procs"] = number.value if code == 0 else None
-                    break
-            temp = c.c_uint(0)
-            if call("nvmlDeviceGetTemperature", handle, c.c_int(0), c.byref(temp)) == 0:
-                gpu["temp_c"] = temp.value
+            gpu["temp_c"] = uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
             mode, pending = c.c_uint(0), c.c_uint(0)
             if call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
                 gpu["mig"] = mode.value == 1
-            slots = c.c_uint(0)
-            if gpu["mig"] and call("nvmlDeviceGetMaxMigDeviceCount", handle,
-                                   c.byref(slots)) == 0:
-                for slot in range(slots.value):
-                    child = c.c_void_p()
-                    if call("nvmlDeviceGetMigDeviceHandleByIndex", handle,
-                            c.c_uint(slot), c.byref(child)) == 0:
-                        gpu["mig_uuids"].append(text("nvmlDeviceGetUUID", child))
+            slots = uint("nvmlDeviceGetMaxMigDeviceCount", handle) if gpu["mig"] else 0
+            for slot in range(slots or 0):
+                child = c.c_void_p()
+                if call("nvmlDeviceGetMigDeviceHandleByIndex", handle,
+                        c.c_uint(slot), c.byref(child)) == 0:
+                    mig = gpu_record(index, text("nvmlDeviceGetUUID", child),
+                                     text("nvmlDeviceGetName", child))
+                    mig["parent"] = gpu["uuid"]
+                    measure(child, mig)
+                    gpus.append(mig)
             rows = [c.c_uint(0) for _ in range(4)]  # corrected, uncorrected, pending, failed
-            if call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0:
-                if rows[3].value:
-                    gpu["health"] = "row remapping failed: the GPU needs service"
-                elif rows[2].value:
-                    gpu["health"] = "row remapping pending: the GPU needs a reset"
-            retired = c.c_int(0)
-            if call("nvmlDeviceGetRetiredPagesPendingStatus", handle,
-                    c.byref(retired)) == 0 and retired.value and not gpu["health"]:
+            ecc = c.c_ulonglong(0)              # uncorrected (1), since the driver loaded (0)
+            if call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0 \
+                    and (rows[2].value or rows[3].value):
+                gpu["health"] = "row remapping %s" % ("failed: the GPU needs service"
+                                                      if rows[3].value else
+                                                      "pending: the GPU needs a reset")
+            elif uint("nvmlDeviceGetRetiredPagesPendingStatus", handle):
                 gpu["health"] = "retired pages pending: the GPU needs a reset"
+            elif call("nvmlDeviceGetTotalEccErrors", handle, c.c_int(1), c.c_int(0),
+                      c.byref(ecc)) == 0 and ecc.value:
+                gpu["health"] = ("%d uncorrectable ECC errors since the driver loaded: "
+                                 "the GPU needs a reset" % ecc.value)
         driver = c.create_string_buffer(96)
         call("nvmlSystemGetDriverVersion", driver, c.c_uint(96))
         return {"driver": driver.value.decode("ascii", "replace") or None,
-                "library": loaded[0] if loaded else None, "gpus": gpus}
+                "library": loaded[0], "gpus": gpus}
     finally:
         call("nvmlShutdown")
 
@@ -1213,10 +1260,11 @@ def probe_smi(run, ends_at):
     if status not in (0, NVML_GPU_IS_LOST, None) and not gpus:
         raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, said), "gpu")
     apps, status = smi("--query-compute-apps=gpu_uuid,pid")
-    counts = parse_smi_apps(apps) if status == 0 else {}
-    for gpu in gpus:
-        if gpu["uuid"] and status == 0:
-            gpu["procs"] = counts.get(gpu["uuid"], 0)
+    if status in (0, NVML_GPU_IS_LOST):    # 15: one GPU lost, the others listed
+        counts = parse_smi_apps(apps)
+        for gpu in gpus:
+            if gpu["uuid"]:
+                gpu["procs"] = counts.get(gpu["uuid"], 0)
     return {"driver": None, "library": path, "gpus": gpus}
 
 
@@ -1224,12 +1272,12 @@ def probe_amd(run, ends_at):
     """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
     pid, rfd = spawn(run, lambda: amd_snapshot(root))
-    out, _ = collect(run, pid, rfd, ends_at, "AMD sysfs")
+    out, status = collect(run, pid, rfd, ends_at, "AMD sysfs")
     try:
         doc = json.loads(out.decode("utf-8"))
     except ValueError:
-        doc = None
-    if not isinstance(doc, dict) or not doc.get("gpus"):
+        raise Fail(EX_UNAVAILABLE, "AMD sysfs probe failed (exit %s)" % status, "gpu")
+    if not doc.get("gpus"):
         return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
     return doc
 
@@ -1246,7 +1294,10 @@ def amd_snapshot(root):
             return ""
 
     def number(text, shift=0):
-        return int(text) >> shift if text.isdigit() else None
+        try:
+            return int(text, 10) >> shift if text.isdigit() else None
+        except ValueError:      # "\u00b2".isdigit() is true
+            return None
 
     gpus = []
     names = os.listdir(base) if os.path.isdir(base) else []
@@ -1264,7 +1315,7 @@ def amd_snapshot(root):
         gpus.append(gpu_record(
             int(card[4:]), read(dev, "unique_id") or None,
             read(dev, "product_name") or "AMD GPU %s" % card, total=total,
-            free=total - used if total is not None and used is not None else None,
+            free=max(total - used, 0) if total is not None and used is not None else None,
             util=number(read(dev, "gpu_busy_percent")),
             temp=temps[0] if temps else None))
     return {"driver": read(root, "sys/module/amdgpu/version") or None,
@@ -1437,14 +1488,14 @@ class Run(object):
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def step(self, name, optional=False):
-        """Run a stage; its budget is min(--timeout, time left)."""
+    def step(self, name, timeout=None, optional=False):
+        """Run a stage; its budget is min(timeout or --timeout, time left)."""
         now = time.monotonic()
         left = self.deadline_at - now
         if left <= 0:
             raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
                        % (self.opts.deadline, STAGE_WHAT[name]), name)
-        budget = min(self.opts.timeout, left)
+        budget = min(timeout or self.opts.timeout, left)
         stage = Stage(name, now, now + budget, optional)
         self.current = stage
         self.wake.set()
@@ -1457,6 +1508,10 @@ class Run(object):
         except Fail as exc:
             self._record(stage, "unknown" if optional else "fail", exc.reason)
             exc.stage = exc.stage or name
+            raise
+        except Interrupted as exc:  # in the main thread: the GPU stage
+            self._record(stage, "fail", "interrupted")
+            exc.stage = name
             raise
         else:
             self._record(stage, "ok", "")
@@ -1509,28 +1564,36 @@ def check_gpu(run):
     """Stage gpu: the backends in turn until one answers, then the verdict on
     the GPUs the job will use. Raises Fail; runs in the main thread, first."""
     opts = run.opts
-    with run.step("gpu") as budget:
+    with run.step("gpu", opts.gpu_timeout) as budget:
         ends_at = time.monotonic() + budget
-        absent = []
+        absent, failure = [], None
         for name, probe in GPU_PROBES:
-            if opts.gpu_backend in ("auto", name):
+            if opts.gpu_backend not in ("auto", name):
+                continue
+            try:
                 doc = probe(run, ends_at)
-                if isinstance(doc, dict):
-                    break
-                absent.append(doc)
+            except Fail as exc:     # auto: NVIDIA's userspace on an AMD host?
+                if opts.gpu_backend != "auto" or exc.code != EX_UNAVAILABLE:
+                    raise
+                failure = failure or exc
+                continue
+            if isinstance(doc, dict):
+                break
+            absent.append(doc)
         else:
-            raise Fail(EX_UNAVAILABLE, "no GPU driver found: %s" % "; ".join(absent))
+            raise failure or Fail(EX_UNAVAILABLE, "no GPU driver found: %s"
+                                  % "; ".join(absent))
         run.gpu = dict(doc, backend=name, need=opts.gpu_need)
         gpus = doc["gpus"]
         if not gpus:
             raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
-        selected, unmatched, note = select_gpus(gpus, opts.gpu_id, os.environ)
+        selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
         for gpu in gpus:
             gpu["selected"] = gpu in selected
-        if note:
-            run.notes.append(note)
-        if unmatched:
-            lost = [g for g in gpus if g["error"]]
+        run.notes.extend(notes)
+        if unmatched:               # a lost GPU without a UUID may be the one
+            lost = [g for g in gpus if g["error"] and not g["uuid"]
+                    and not all(w.isdigit() for w in unmatched)]
             raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
                        "%s (found %s)%s" % (
                            ",".join(unmatched), "--gpu-id" if opts.gpu_id else
@@ -1538,6 +1601,8 @@ def check_gpu(run):
                            ", ".join(gpu_label(g) for g in gpus),
                            "; %s: %s" % (gpu_label(lost[0]), lost[0]["error"])
                            if lost else ""))
+        if not selected:
+            raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
         code, reason, notes = judge_gpus(selected, opts)
         run.notes.extend(notes)
         if code:
@@ -2052,7 +2117,8 @@ def gpu_summary(gpu):
     keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
     text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
     problem = gpu["error"] or gpu["health"]
-    return "%s%s name=%s" % (text, " problem=" + problem if problem else "", gpu["name"])
+    return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
+                             gpu["name"] or "-")
 
 
 def syslog_message(line, severity, facility, udp, now=None):
@@ -2232,7 +2298,7 @@ def main(argv=None, started=None):
             run.decide(exc.code, exc.stage, exc.reason)
         except Interrupted as exc:
             run = getattr(exc, "run", run)
-            stage = run.current.name if run.current else None
+            stage = getattr(exc, "stage", None) or (run.current and run.current.name)
             run.decide(128 + exc.signum, stage, "interrupted by %s%s" % (
                 signal.Signals(exc.signum).name,
                 " during " + STAGE_WHAT[stage] if stage else ""))

@@ -14,7 +14,7 @@
  * test:
  *   FAKE_NVML_MODE   free (default) | busy | lost | noperm | nodriver |
  *                    mismatch | stub | unsupported | mig | remap | retired |
- *                    hang | hang_device
+ *                    ecc | hang | hang_device
  *   FAKE_NVML_COUNT  number of GPUs, 0..6 (default 1)
  *   FAKE_NVML_BUSY   comma list of busy indexes ("0,2"), in the modes whose
  *                    GPUs are otherwise free (free, lost, remap, retired,
@@ -131,7 +131,7 @@ static const char *hexdigits = "abcdef";
 
 enum mode {
     M_FREE, M_BUSY, M_LOST, M_NOPERM, M_NODRIVER, M_MISMATCH, M_STUB,
-    M_UNSUPPORTED, M_MIG, M_REMAP, M_RETIRED, M_HANG, M_HANG_DEVICE
+    M_UNSUPPORTED, M_MIG, M_REMAP, M_RETIRED, M_HANG, M_HANG_DEVICE, M_ECC
 };
 
 /* ---- scenario ------------------------------------------------------- */
@@ -144,7 +144,7 @@ static enum mode get_mode(void)
         {"mismatch", M_MISMATCH}, {"stub", M_STUB},
         {"unsupported", M_UNSUPPORTED}, {"mig", M_MIG}, {"remap", M_REMAP},
         {"retired", M_RETIRED}, {"hang", M_HANG},
-        {"hang_device", M_HANG_DEVICE},
+        {"hang_device", M_HANG_DEVICE}, {"ecc", M_ECC},
     };
     const char *value = getenv("FAKE_NVML_MODE");
     size_t i;
@@ -218,7 +218,7 @@ static enum state gpu_state(enum mode mode, int index)
     case M_MIG:
         return S_MIG;
     case M_FREE: case M_LOST: case M_REMAP: case M_RETIRED:
-    case M_HANG_DEVICE:
+    case M_HANG_DEVICE: case M_ECC:
         return listed_busy(index) ? S_BUSY : S_FREE;
     default:
         return S_FREE;
@@ -737,5 +737,23 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
     if (d->slot >= 0)
         return NVML_ERROR_NOT_SUPPORTED;
     *isPending = get_mode() == M_RETIRED && d->index == target_index() ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* Uncorrected errors (errorType 1), volatile (counterType 0): 2 on the
+ * target GPU in mode ecc, else 0. */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType,
+                                         int counterType,
+                                         unsigned long long *eccCounts)
+{
+    DEVICE_ENTRY(device, d);
+
+    if (eccCounts == NULL || errorType < 0 || errorType > 1 ||
+        counterType < 0 || counterType > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->slot >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eccCounts = (get_mode() == M_ECC && errorType == 1 && counterType == 0 &&
+                  d->index == target_index()) ? 2 : 0;
     return NVML_SUCCESS;
 }

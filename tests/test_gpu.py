@@ -4,10 +4,15 @@ amdgpu sysfs tree (tests/fakes.py). Each scenario runs the real script in
 cron's environment and checks exit status, reason, figures and time.
 """
 
+import fcntl
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import unittest
 import uuid
 
@@ -132,7 +137,8 @@ class NvmlTest(GpuCase):
 
     def test_driver_not_loaded_and_version_mismatch_are_69(self):
         res, doc = self.nvml(mode="nodriver")
-        self.assertVerdict(res, doc, 69, "NVIDIA driver not loaded (NVML: Driver Not Loaded)")
+        self.assertVerdict(res, doc, 69, "NVIDIA driver not loaded (NVML: Driver Not Loaded "
+                           "(NVML error 9))")
         self.sink.messages(wait=0.01)
         res, doc = self.nvml(mode="mismatch")
         self.assertVerdict(res, doc, 69, "versions differ")
@@ -195,21 +201,91 @@ class NvmlTest(GpuCase):
         res, doc = self.nvml(["--max-util", "50", "--strict-gpu"], mode="unsupported")
         self.assertVerdict(res, doc, 75, "util_pct unknown (--strict-gpu)")
 
-    def test_mig_gpu_is_selected_by_a_mig_uuid_and_has_no_utilisation(self):
-        mig = "MIG-aaaaaaaa-0000-4000-8000-000000000001"
-        res, doc = self.nvml(["--max-util", "50", "--gpu-id", mig], mode="mig")
+    def test_mig_device_is_judged_by_its_own_memory_and_processes(self):
+        idle, used = ("MIG-aaaaaaaa-0000-4000-8000-00000000000%d" % n for n in (1, 0))
+        res, doc = self.nvml(["--max-procs", "0", "--gpu-id", idle], mode="mig")
+        self.assertVerdict(res, doc, 0)
+        parent, slot0, slot1 = doc["gpu"]["gpus"]
+        self.assertEqual((parent["mig"], parent["util_pct"], parent["procs"]), (True, None, 1))
+        self.assertEqual((slot1["uuid"], slot1["parent"], slot1["procs"], slot1["total_mib"],
+                          slot1["selected"]), (idle, gpu_uuid(0), 0, 71680, True))
+        self.assertEqual((slot0["procs"], slot0["selected"]), (1, False))
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--max-procs", "0", "--gpu-id", used], mode="mig")
+        self.assertVerdict(res, doc, 75, "MIG device MIG-aaaaaaaa of GPU 0: 1 compute")
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--min-free-mib", "100000"], mode="mig",
+                             CUDA_VISIBLE_DEVICES=idle)
+        self.assertVerdict(res, doc, 75, "71680 MiB free, limit 100000")
+
+    def test_whole_mig_gpu_has_no_utilisation_and_legacy_mig_ids_select_it(self):
+        legacy = "MIG-%s/1/0" % gpu_uuid(0)
+        res, doc = self.nvml(["--max-util", "50", "--gpu-id", legacy], mode="mig")
         self.assertVerdict(res, doc, 0, "util_pct unknown (MIG)")
-        one = doc["gpu"]["gpus"][0]
-        self.assertEqual((one["mig"], one["util_pct"], one["procs"]), (True, None, 1))
-        self.assertIn(mig, one["mig_uuids"])
+        self.assertEqual([g["selected"] for g in doc["gpu"]["gpus"]], [True, False, False])
+
+    def test_uncorrectable_ecc_and_retired_pages_are_69(self):
+        res, doc = self.nvml(mode="ecc")
+        self.assertVerdict(res, doc, 69, "2 uncorrectable ECC errors")
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(mode="retired")
+        self.assertVerdict(res, doc, 69, "retired pages pending")
+
+    def test_sigterm_during_the_gpu_stage_names_it_and_kills_the_probe(self):
+        env = support.cron_env(FAKE_NVML_MODE="hang", GPFL_TEST_TOKEN=self.token)
+        proc = subprocess.Popen(
+            [sys.executable, support.SCRIPT, "--host", self.emu.url, "--nvml-lib",
+             self.lib, "--gpu-backend", "nvml", "--syslog-address", self.sink.path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, start_new_session=True)
+        time.sleep(0.8)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+        self.assertEqual(proc.returncode, 143)
+        fields = self.log()[1]
+        self.assertEqual((fields["stage"], fields["reason"]),
+                         ("gpu", "interrupted by SIGTERM during the GPU probe"))
+        self.assertEqual(self.leftover_probes(), [])
+
+    def test_probe_holds_no_descriptor_of_the_caller(self):
+        lock = os.path.join(self.dir, "held.lock")
+        res, doc = self.gpu(["--gpu-backend", "nvml", "--nvml-lib", self.lib,
+                             "--lock", lock, "--gpu-timeout", "1"],
+                            dict(FAKE_NVML_MODE="hang"), deadline=4)
+        self.assertEqual(res.code, 75)
+        self.log()
+        self.assertEqual(self.leftover_probes(), [])
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody holds it now
+        finally:
+            os.close(fd)
+
+    def test_gpu_timeout_bounds_the_stage(self):
+        res, doc = self.gpu(["--gpu-backend", "nvml", "--nvml-lib", self.lib,
+                             "--gpu-timeout", "0.5", "--deadline", "6"],
+                            dict(FAKE_NVML_MODE="hang"))
+        self.assertVerdict(res, doc, 75, "did not answer within 0.5s")
+        self.assertLess(res.elapsed, 0.5 + SLACK)
+
+    def test_nvidia_userspace_without_driver_on_an_amd_host_uses_amd(self):
+        root = fakes.make_amd_sysfs(tempfile.mkdtemp(dir=self.dir),
+                                    [dict(busy=3, used_mib=512, total_mib=65536)])
+        res, doc = self.gpu(["--nvml-lib", self.lib], dict(
+            FAKE_NVML_MODE="nodriver", GPU_PREFLIGHT_ROOT=root, FAKE_SMI_MODE="nodriver",
+            PATH=self.smi_dir + ":/usr/bin:/bin"), deadline=4)
+        self.assertVerdict(res, doc, 0)
+        self.assertEqual(doc["gpu"]["backend"], "amd-sysfs")
 
     def test_pending_row_remap_is_69(self):
         res, doc = self.nvml(mode="remap")
         self.assertVerdict(res, doc, 69, "row remapping pending")
 
-    def test_no_permission_is_69(self):
+    def test_gpus_this_user_cannot_open_are_left_out_with_a_note(self):
         res, doc = self.nvml(mode="noperm")
-        self.assertVerdict(res, doc, 69, "Insufficient Permissions")
+        self.assertVerdict(res, doc, 78, "no GPU this user may open: GPU 0: "
+                           "Insufficient Permissions (NVML error 4), not checked")
+        self.assertEqual(doc["gpu"]["gpus"][0]["access"], False)
 
     def test_hung_init_and_hung_device_call_are_75_inside_the_deadline(self):
         for mode in ("hang", "hang_device"):
@@ -286,6 +362,11 @@ class SmiTest(GpuCase):
                 self.sink.messages(wait=0.01)
                 res, doc = self.smi(["--max-util", "50", "--strict-gpu"], mode=mode)
                 self.assertVerdict(res, doc, 75, "util_pct unknown (--strict-gpu)")
+
+    def test_one_lost_gpu_keeps_the_process_counts_of_the_others(self):
+        res, doc = self.smi(["--gpu-id", gpu_uuid(0), "--max-procs", "0"], mode="lost",
+                            FAKE_SMI_COUNT="2", FAKE_SMI_BUSY="0")
+        self.assertVerdict(res, doc, 75, "1 compute processes, limit 0")
 
     def test_lost_gpu_line_fails_need_all(self):
         res, doc = self.smi(mode="lost", FAKE_SMI_COUNT="2")

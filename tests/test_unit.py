@@ -254,16 +254,25 @@ class GpuParseTest(unittest.TestCase):
             gp.parse_nvml_lib("/usr/local/cuda/lib64/stubs/libnvidia-ml.so")
 
     def test_selection(self):
-        gpus = [gp.gpu_record(i, "GPU-%s" % c * 2, "x") for i, c in enumerate("abc")]
-        gpus[2]["mig_uuids"] = ["MIG-1234"]
-        pick = lambda ids, env=None: [g["index"] for g in gp.select_gpus(gpus, ids, env or {})[0]]
-        self.assertEqual(pick(["2", "GPU-a"]), [0, 2])
-        self.assertEqual(pick(["MIG-12"]), [2])
-        self.assertEqual(pick(None, {"CUDA_VISIBLE_DEVICES": "GPU-b"}), [1])
-        self.assertEqual(pick(None, {"NVIDIA_VISIBLE_DEVICES": "all"}), [0, 1, 2])
-        selected, unmatched, note = gp.select_gpus(gpus, None, {"CUDA_VISIBLE_DEVICES": "1"})
+        gpus = [gp.gpu_record(i, "GPU-" + c, "x") for i, c in enumerate("abc")]
+        gpus.append(gp.gpu_record(2, "MIG-1234", "slice"))
+        gpus[3]["parent"] = gpus[2]["uuid"]
+        gpus.append(gp.gpu_record(3, None, None, error="Insufficient Permissions"))
+        gpus[4]["access"] = False
+        pick = lambda ids, env=None: [g["uuid"] for g in gp.select_gpus(gpus, ids, env or {})[0]]
+        self.assertEqual(pick(["2", "GPU-a"]), ["GPU-a", "GPU-c"])
+        self.assertEqual(pick(["MIG-12"]), ["MIG-1234"])
+        self.assertEqual(pick(["MIG-GPU-b/1/0"]), ["GPU-b"])
+        self.assertEqual(pick(None), ["GPU-a", "GPU-b", "GPU-c"])
+        self.assertEqual(gp.select_gpus(gpus, None, {})[2],
+                         ["GPU 3: Insufficient Permissions, not checked"])
+        self.assertEqual(pick(None, {"CUDA_VISIBLE_DEVICES": "GPU-b"}), ["GPU-b"])
+        self.assertEqual(pick(None, {"NVIDIA_VISIBLE_DEVICES": "all"}), ["GPU-a", "GPU-b", "GPU-c"])
+        selected, unmatched, notes = gp.select_gpus(gpus, None, {"CUDA_VISIBLE_DEVICES": "1"})
         self.assertEqual((len(selected), unmatched), (3, []))
-        self.assertIn("need not be NVML's order", note)
+        self.assertIn("need not be NVML's order", notes[0])
+        self.assertEqual(gp.select_gpus(gpus, None, {"CUDA_VISIBLE_DEVICES": "1",
+                                                     "NVIDIA_VISIBLE_DEVICES": "GPU-a"})[2], [])
         self.assertEqual(gp.select_gpus(gpus, ["7", "0"], {})[1], ["7"])
 
     def test_verdict_need_all_and_any(self):
