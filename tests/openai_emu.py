@@ -1,0 +1,797 @@
+#!/usr/bin/env python3
+"""Loopback emulator of OpenAI-compatible inference servers, for gpu_preflight's tests.
+
+Two flavours, each answering like the real server on the endpoints a preflight
+touches (project reference, ollama-api.md section 12, read against the servers'
+sources):
+
+  vllm      vLLM's OpenAI server (FastAPI on uvicorn): GET /health (200, empty
+            body), GET /version, GET /v1/models (ModelCard list), POST
+            /v1/completions and /v1/chat/completions.  Errors are
+            {"error":{"message","type","param","code"}}; unknown paths
+            {"detail":"Not Found"}, wrong methods (HEAD included, as FastAPI
+            does) {"detail":"Method Not Allowed"}.  Header names are lower-case
+            like uvicorn's.  With a token only /v1/* paths need
+            "Authorization: Bearer TOKEN" (401 {"error":"Unauthorized"}).
+            While loading the port is bound but not listening: refused.
+  llamacpp  llama.cpp's llama-server (cpp-httplib): HTTP up at once; while
+            loading every path but the web UI "/" answers 503 "Loading model";
+            then GET /health and /v1/health {"status":"ok"}, GET /models and
+            /v1/models (one body with both "models" and "data"), POST
+            /completions, /v1/completions, /chat/completions,
+            /v1/chat/completions; anything else 404 "File Not Found".  JSON is
+            compact with sorted keys (nlohmann::json), Content-Type
+            "application/json; charset=utf-8"; HEAD is GET without a body.
+            With a token every path but /health, /v1/health and "/" needs
+            "Authorization: Bearer TOKEN" (or X-Api-Key) -> 401 "Invalid API
+            Key".  The request's model name is not checked (single-model mode).
+
+Modes (fault_on / --fault-on restricts a mode to one path, default "all"):
+  healthy         faithful server (the default)
+  loading         the first load_seconds after start: vllm refuses connections,
+                  llamacpp answers 503 {"error":{"code":503,"message":"Loading
+                  model","type":"unavailable_error"}}; healthy afterwards
+  engine_dead     vllm: /health 503 empty, completions 500 "EngineCore
+                  encountered an issue..."; llamacpp: /health and completions 500
+                  "Model failed to load" (the error state of 2024 builds)
+  hang            read the request, never answer
+  trickle         a valid reply, one byte every trickle_interval (2 s)
+  close_mid_body  headers with the full Content-Length, ~10 body bytes, close
+  garbage         200 application/json with a body that is not JSON
+  huge            200 application/json with a 100 MB body (huge_size)
+  no_health       GET /health (llamacpp also /v1/health) -> 404, as a server
+                  or proxy without one
+  oom             completions -> 500 CUDA out of memory, in the flavour's shape
+  empty_models    the models list is empty (llamacpp: "data" and "models")
+  redirect        every request -> 302, Location http://evil.example:9/steal
+
+Every request is recorded in .requests as a dict: method, path (no query),
+target (as sent), headers (dict, lower-case names), body (bytes), time.
+
+Run it:   python3 tests/openai_emu.py --port 8000 --flavour vllm --mode loading
+Import:   from openai_emu import OpenAIEmulator
+          with OpenAIEmulator(flavour="llamacpp", token="k") as emu: ... emu.url
+Standard library only, CPython 3.6+.
+"""
+
+import argparse
+import email.utils
+import json
+import select
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from http.client import responses as _REASONS
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+FLAVOURS = ("vllm", "llamacpp")
+DEFAULT_PORTS = {"vllm": 8000, "llamacpp": 8080}
+
+MODES = (
+    ("healthy", "faithful server (default)"),
+    ("loading", "first --load-seconds: vllm refuses connections, llamacpp answers 503"),
+    ("engine_dead", "vllm: /health 503, completions 500; llamacpp: 500 Model failed to load"),
+    ("hang", "accept and read the request, never answer"),
+    ("trickle", "a valid reply sent one byte every 2 seconds"),
+    ("close_mid_body", "headers with the full Content-Length, ~10 body bytes, close"),
+    ("garbage", "200 application/json with a non-JSON body"),
+    ("huge", "200 application/json with a 100 MB body"),
+    ("no_health", "GET /health (and llamacpp /v1/health) -> 404"),
+    ("oom", "completions -> 500 CUDA out of memory"),
+    ("empty_models", "the models list is empty"),
+    ("redirect", "every request -> 302 to http://evil.example:9/steal"),
+)
+MODE_NAMES = tuple(name for name, _ in MODES)
+
+VLLM_VERSION = "0.9.2"
+LLAMACPP_BUILD = "b5890-2f3a8c1e"     # system_fingerprint: b<build number>-<commit>
+REDIRECT_TO = "http://evil.example:9/steal"
+
+VLLM_JSON = "application/json"
+LLAMA_JSON = "application/json; charset=utf-8"
+VLLM_SSE = "text/event-stream; charset=utf-8"
+LLAMA_SSE = "text/event-stream"
+
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+VLLM_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "139.72 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process "
+            "has 138.65 GiB memory in use.")
+LLAMA_OOM = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 2048.00 MiB on device 0: "
+             "cudaMalloc failed: out of memory")
+LLAMA_LOAD_FAILED = "Model failed to load"
+
+# Paths per flavour: path -> allowed methods (vLLM routes are FastAPI's, no HEAD).
+_VLLM_ROUTES = {"/health": ("GET",), "/version": ("GET",), "/v1/models": ("GET",),
+                "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",)}
+_LLAMA_ROUTES = {"/": ("GET", "HEAD"), "/health": ("GET", "HEAD"),
+                 "/v1/health": ("GET", "HEAD"), "/models": ("GET", "HEAD"),
+                 "/v1/models": ("GET", "HEAD"), "/completions": ("POST",),
+                 "/v1/completions": ("POST",), "/chat/completions": ("POST",),
+                 "/v1/chat/completions": ("POST",)}
+_LLAMA_PUBLIC = ("/health", "/v1/health", "/")     # no API key (server-http.cpp)
+_LLAMA_FRONTEND = ("/",)                              # served even while loading
+_LLAMA_INDEX = (b"<!doctype html><html><head><meta charset=\"utf-8\"><title>llama.cpp - chat"
+                b"</title></head><body><div id=\"app\"></div></body></html>")
+
+
+# ---------------------------------------------------------------- helpers
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on (for connection-refused tests)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def _vllm_dumps(obj):
+    """Starlette JSONResponse.render: compact, UTF-8, key order kept."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _llama_dumps(obj):
+    """nlohmann::json dump(-1): compact, UTF-8, keys sorted (std::map objects)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+                      sort_keys=True).encode("utf-8")
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompt_tokens(prompt):
+    """A plausible prompt token count: BOS plus one per word ("test" -> 2)."""
+    if isinstance(prompt, list):
+        return 1 + sum(_prompt_tokens(p) - 1 if isinstance(p, str) else 1 for p in prompt)
+    return 1 + len(str(prompt or "").split())
+
+
+def _messages_tokens(messages):
+    text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+    return 8 + len(text.split())
+
+
+class _Reply(object):
+    """A response: a plain body, or SSE events sent chunked (events is not None)."""
+
+    def __init__(self, status, body=b"", ctype=None, headers=(), events=None):
+        self.status, self.body, self.ctype = status, body, ctype
+        self.headers, self.events = list(headers), events
+
+
+def _head(flavour, reply, length=None, chunked=False):
+    """The status line and headers, as uvicorn (vllm) or cpp-httplib (llamacpp) writes them."""
+    date = email.utils.formatdate(usegmt=True)
+    lines = ["HTTP/1.1 %d %s" % (reply.status, _REASONS.get(reply.status, "Unknown"))]
+    fields = []
+    if flavour == "vllm":                      # uvicorn: date, server, then the app's
+        fields += [("date", date), ("server", "uvicorn")]
+        if length is not None:
+            fields.append(("content-length", "%d" % length))
+        if reply.ctype:
+            fields.append(("content-type", reply.ctype))
+        fields += [(k.lower(), v) for k, v in reply.headers]
+        if chunked:
+            fields.append(("transfer-encoding", "chunked"))
+        fields.append(("connection", "close"))
+    else:                                      # cpp-httplib
+        fields += list(reply.headers)
+        fields += [("Connection", "close")]
+        if length is not None:
+            fields.append(("Content-Length", "%d" % length))
+        if reply.ctype:
+            fields.append(("Content-Type", reply.ctype))
+        if chunked:
+            fields.append(("Transfer-Encoding", "chunked"))
+        fields.append(("Date", date))
+    lines += ["%s: %s" % kv for kv in fields]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _pieces(flavour, reply, head_only=False, http10=False):
+    """The bytes of a reply, in the writes a server would make."""
+    if reply.events is None:
+        yield _head(flavour, reply, len(reply.body))
+        if reply.body and not head_only:
+            yield reply.body
+        return
+    chunked = not http10
+    yield _head(flavour, reply, chunked=chunked)
+    if head_only:
+        return
+    for event in reply.events:
+        yield (b"%x\r\n%s\r\n" % (len(event), event)) if chunked else event
+    if chunked:
+        yield b"0\r\n\r\n"
+
+
+# ---------------------------------------------------------------- HTTP plumbing
+
+class _Server(socketserver.ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    block_on_close = False           # 3.7+: never join handler threads in server_close()
+    request_queue_size = 64
+
+    def server_bind(self):           # skip HTTPServer's getfqdn() (a DNS look-up)
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], OSError):
+            HTTPServer.handle_error(self, request, client_address)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def setup(self):
+        BaseHTTPRequestHandler.setup(self)
+        self.server.emu._track(self.connection, True)
+
+    def handle(self):
+        try:
+            BaseHTTPRequestHandler.handle(self)
+        except (OSError, ValueError):
+            pass
+
+    def finish(self):
+        try:
+            BaseHTTPRequestHandler.finish(self)
+        except (OSError, ValueError):
+            pass
+        self.server.emu._track(self.connection, False)
+
+    def _read_body(self):
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            parts = []
+            while True:
+                line = self.rfile.readline(65537)
+                try:
+                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                except ValueError:
+                    return b"".join(parts)
+                if size <= 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass                  # trailers
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline(65537)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = 0
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _dispatch(self):
+        self.close_connection = True
+        self.server.emu._serve(self, self.command, self.path, self._read_body())
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _dispatch
+
+    def client_gone(self, timeout):
+        """Wait up to timeout; True when the client has closed its side."""
+        try:
+            readable = select.select([self.connection], [], [], timeout)[0]
+            if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
+                return True
+            if readable:                     # data, not EOF: do not spin
+                time.sleep(timeout)
+            return False
+        except (OSError, ValueError):
+            return True
+
+    def send(self, flavour, reply):
+        for piece in _pieces(flavour, reply, self.command == "HEAD",
+                             self.request_version == "HTTP/1.0"):
+            self.wfile.write(piece)
+
+
+# ---------------------------------------------------------------- the emulator
+
+class OpenAIEmulator(object):
+    """A vLLM or llama-server look-alike on a loopback port. See the module docstring."""
+
+    def __init__(self, flavour="vllm", mode="healthy", models=("qwen2.5-0.5b",),
+                 load_seconds=0.0, token=None, host="127.0.0.1", port=None,
+                 fault_on="all", max_model_len=32768):
+        if flavour not in FLAVOURS:
+            raise ValueError("unknown flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
+        if mode not in MODE_NAMES:
+            raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
+        self.flavour, self.mode, self.fault_on = flavour, mode, fault_on
+        self.models = tuple(models)
+        self.load_seconds = float(load_seconds)
+        self.token = token
+        self.host, self.port = host, port or 0
+        self.max_model_len = max_model_len
+        self.version = VLLM_VERSION
+        self.trickle_interval = 2.0
+        self.huge_size = 100 * 1000 * 1000
+        self.redirect_to = REDIRECT_TO
+        self.requests = []
+        self.url = None
+        self._conns = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server = self._thread = None
+        self._serving = False
+        self._started_at = None
+
+    # -- lifecycle
+
+    def start(self):
+        """Bind now; listen now, or (vllm, mode loading) only after load_seconds."""
+        if self._server is not None:
+            return self
+        cls = _Server6 if ":" in self.host else _Server
+        server = cls((self.host, self.port), _Handler, bind_and_activate=False)
+        server.emu = self
+        try:
+            server.server_bind()
+            delay = self._listen_delay()
+            if delay <= 0:
+                server.server_activate()
+        except BaseException:
+            server.server_close()
+            raise
+        self._server = server
+        self.port = server.server_address[1]
+        shown = "[%s]" % self.host if ":" in self.host else self.host
+        self.url = "http://%s:%d" % (shown, self.port)
+        self._started_at = time.time()
+        self._serving = delay <= 0
+        self._thread = threading.Thread(target=self._run, args=(server, delay))
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def _listen_delay(self):
+        if self.flavour == "vllm" and self.mode == "loading":
+            return self.load_seconds
+        return 0.0
+
+    def _run(self, server, delay):
+        if delay > 0:
+            if self._stop.wait(delay):
+                return
+            with self._lock:
+                if self._server is not server:
+                    return
+                server.server_activate()      # listen(): connections succeed from now
+                self._serving = True
+        server.serve_forever(poll_interval=0.05)
+
+    def stop(self):
+        with self._lock:
+            server, self._server = self._server, None
+            serving, self._serving = self._serving, False
+            conns = list(self._conns)
+        if server is None:
+            return
+        self._stop.set()
+        if serving:
+            server.shutdown()
+        server.server_close()
+        for conn in conns:               # wake handlers blocked in send/recv
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join(1.0)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    @property
+    def ready(self):
+        """Whether the load phase is over (always, except in mode loading)."""
+        if self.mode != "loading" or self._started_at is None:
+            return self._started_at is not None
+        return time.time() >= self._started_at + self.load_seconds
+
+    def count(self, method, path):
+        with self._lock:
+            return sum(1 for r in self.requests if r["method"] == method and r["path"] == path)
+
+    def _track(self, conn, add):
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    # -- per-request entry point
+
+    def _serve(self, h, method, target, body):
+        path = target.split("?", 1)[0]
+        headers = {}
+        for name, value in h.headers.items():
+            name = name.lower()
+            headers[name] = headers[name] + ", " + value if name in headers else value
+        with self._lock:
+            self.requests.append({"method": method, "path": path, "target": target,
+                                  "headers": headers, "body": body, "time": time.time()})
+        mode = self.mode if self.fault_on in ("all", path) else "healthy"
+        try:
+            self._serve_mode(h, method, path, headers, body, mode)
+        except (OSError, ValueError):
+            pass                          # the client went away, or stop() cut the socket
+
+    def _serve_mode(self, h, method, path, headers, body, mode):
+        if mode == "hang":
+            while not self._stop.is_set() and not h.client_gone(0.1):
+                pass
+            return
+        if mode == "redirect":
+            return h.send(self.flavour, _Reply(302, b"", None, [("Location", self.redirect_to)]))
+        if mode == "garbage":
+            return h.send(self.flavour, _Reply(200, b"<html>oops</html>", self._json_ct()))
+        if mode == "huge":
+            return self._send_huge(h)
+        reply = self._route(method, path, headers, body, mode)
+        if mode == "trickle":
+            data = b"".join(_pieces(self.flavour, reply, method == "HEAD",
+                                    h.request_version == "HTTP/1.0"))
+            for i in range(len(data)):
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+                if self._stop.wait(self.trickle_interval):
+                    return
+        elif mode == "close_mid_body":
+            full = reply.body if reply.events is None else b"".join(reply.events)
+            cut = b"" if method == "HEAD" else full[:min(10, max(0, len(full) - 1))]
+            plain = _Reply(reply.status, full, reply.ctype, reply.headers)
+            h.wfile.write(_head(self.flavour, plain, len(full)) + cut)
+        else:
+            h.send(self.flavour, reply)
+
+    def _send_huge(self, h):
+        if self.flavour == "vllm":
+            prefix, item, last = b'{"object":"list","data":[', b'{"id":"x"},', b'{"id":"x"}]}'
+        else:
+            prefix, item, last = b'{"data":[', b'{"id":"x"},', b'{"id":"x"}],"object":"list"}'
+        items = max(0, (self.huge_size - len(prefix) - len(last)) // len(item))
+        pad = max(0, self.huge_size - len(prefix) - len(last) - items * len(item))
+        total = len(prefix) + items * len(item) + len(last) + pad
+        h.wfile.write(_head(self.flavour, _Reply(200, b"", self._json_ct()), total))
+        if h.command == "HEAD":
+            return
+        h.wfile.write(prefix)
+        block_items = 4096
+        block = item * block_items
+        while items > 0 and not self._stop.is_set():
+            n = min(block_items, items)
+            h.wfile.write(block if n == block_items else item * n)
+            items -= n
+        if not self._stop.is_set():
+            h.wfile.write(last + b" " * pad)
+
+    def _json_ct(self):
+        return VLLM_JSON if self.flavour == "vllm" else LLAMA_JSON
+
+    def _route(self, method, path, headers, body, mode):
+        if self.flavour == "vllm":
+            return self._vllm_route(method, path, headers, body, mode)
+        return self._llama_route(method, path, headers, body, mode)
+
+    # -- vLLM
+
+    def _vllm_json(self, status, obj, extra=()):
+        return _Reply(status, _vllm_dumps(obj), VLLM_JSON, extra)
+
+    def _vllm_error(self, status, message, err_type, param=None):
+        return self._vllm_json(status, {"error": {"message": message, "type": err_type,
+                                                  "param": param, "code": status}})
+
+    def _vllm_authorized(self, headers):
+        """vLLM's AuthenticationMiddleware: scheme 'bearer' (any case), then the token."""
+        scheme, _, param = (headers.get("authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and param == self.token
+
+    def _vllm_route(self, method, path, headers, body, mode):
+        if self.token is not None and path.startswith("/v1") and method != "OPTIONS" \
+                and not self._vllm_authorized(headers):
+            return self._vllm_json(401, {"error": "Unauthorized"})
+        methods = _VLLM_ROUTES.get(path)
+        if methods is None or (mode == "no_health" and path == "/health"):
+            return self._vllm_json(404, {"detail": "Not Found"})
+        if method not in methods:
+            return self._vllm_json(405, {"detail": "Method Not Allowed"},
+                                   [("allow", ", ".join(methods))])
+        if path == "/health":
+            return _Reply(503 if mode == "engine_dead" else 200, b"")
+        if path == "/version":
+            return self._vllm_json(200, {"version": self.version})
+        if path == "/v1/models":
+            return self._vllm_json(200, {"object": "list", "data": self._vllm_cards(mode)})
+        return self._vllm_generate(body, mode, chat=path == "/v1/chat/completions")
+
+    def _vllm_cards(self, mode):
+        if mode == "empty_models":
+            return []
+        now = int(time.time())
+        return [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
+                 "root": name, "parent": None, "max_model_len": self.max_model_len,
+                 "permission": [{"id": "modelperm-" + uuid.uuid4().hex,
+                                 "object": "model_permission", "created": now,
+                                 "allow_create_engine": False, "allow_sampling": True,
+                                 "allow_logprobs": True, "allow_search_indices": False,
+                                 "allow_view": True, "allow_fine_tuning": False,
+                                 "organization": "*", "group": None, "is_blocking": False}]}
+                for name in self.models]
+
+    def _vllm_invalid(self, errors):
+        """FastAPI RequestValidationError as vLLM's handler words it (400, 'Bad Request')."""
+        return self._vllm_error(400, repr(errors), "Bad Request")
+
+    def _vllm_generate(self, body, mode, chat):
+        text = body.decode("utf-8", "replace")
+        if not text.strip():
+            return self._vllm_invalid([{"type": "missing", "loc": ("body",),
+                                        "msg": "Field required", "input": None}])
+        try:
+            req = json.loads(text)
+        except ValueError as exc:
+            return self._vllm_invalid([{"type": "json_invalid", "loc": ("body", getattr(
+                exc, "pos", 0)), "msg": "JSON decode error", "input": {},
+                "ctx": {"error": getattr(exc, "msg", str(exc))}}])
+        if not isinstance(req, dict):
+            return self._vllm_invalid([{"type": "model_attributes_type", "loc": ("body",),
+                                        "msg": "Input should be a valid dictionary or object "
+                                               "to extract fields from", "input": req}])
+        for field, ok, kind, word in (
+                ("model", lambda v: isinstance(v, str), "string_type", "string"),
+                ("max_tokens", _is_int, "int_type", "integer"),
+                ("stream", lambda v: isinstance(v, bool), "bool_type", "boolean")):
+            value = req.get(field)
+            if value is not None and not ok(value):
+                return self._vllm_invalid([{"type": kind, "loc": ("body", field),
+                                            "msg": "Input should be a valid " + word,
+                                            "input": value}])
+        if chat and not isinstance(req.get("messages"), list):
+            return self._vllm_invalid([{"type": "missing", "loc": ("body", "messages"),
+                                        "msg": "Field required", "input": req}])
+        if not chat and req.get("prompt") in (None, "", []):
+            return self._vllm_error(400, "Either prompt or prompt_embeds must be provided "
+                                         "and non-empty.", "BadRequestError")
+        name = req.get("model")
+        if name and name not in self.models:
+            return self._vllm_error(404, "The model `%s` does not exist." % name,
+                                    "NotFoundError", "model")
+        max_tokens = req.get("max_tokens")
+        if max_tokens is not None and max_tokens < 1:
+            return self._vllm_error(400, "max_tokens must be at least 1, got %d." % max_tokens,
+                                    "BadRequestError", "max_tokens")
+        if mode == "engine_dead":
+            return self._vllm_error(500, ENGINE_DEAD, "InternalServerError")
+        if mode == "oom":
+            return self._vllm_error(500, VLLM_OOM, "InternalServerError")
+        served = self.models[0] if self.models else (name or "")
+        n = 16 if max_tokens is None else min(max_tokens, 16)
+        prompt_tokens = (_messages_tokens(req["messages"]) if chat
+                         else _prompt_tokens(req.get("prompt")))
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n,
+                 "completion_tokens": n}
+        created = int(time.time())
+        if chat:
+            rid = "chatcmpl-" + uuid.uuid4().hex
+            content = " ".join(["Hello"] * n)
+            if req.get("stream"):
+                return self._sse(VLLM_SSE, _vllm_dumps, [
+                    {"id": rid, "object": "chat.completion.chunk", "created": created,
+                     "model": served, "choices": [{"index": 0, "delta": {
+                         "role": "assistant", "content": content}, "logprobs": None,
+                         "finish_reason": "length", "stop_reason": None}]}])
+            return self._vllm_json(200, {
+                "id": rid, "object": "chat.completion", "created": created, "model": served,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content,
+                                                     "tool_calls": []},
+                             "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+                "usage": usage})
+        rid = "cmpl-" + uuid.uuid4().hex
+        if req.get("stream"):
+            chunks = [{"id": rid, "object": "text_completion", "created": created,
+                       "model": served, "choices": [{
+                           "index": 0, "text": " a", "logprobs": None,
+                           "finish_reason": "length" if i == n - 1 else None,
+                           "stop_reason": None}]} for i in range(n)]
+            return self._sse(VLLM_SSE, _vllm_dumps, chunks)
+        return self._vllm_json(200, {
+            "id": rid, "object": "text_completion", "created": created, "model": served,
+            "choices": [{"index": 0, "text": " a" * n, "logprobs": None,
+                         "finish_reason": "length", "stop_reason": None}],
+            "usage": usage})
+
+    def _sse(self, ctype, dumps, objs):
+        events = [b"data: " + dumps(obj) + b"\n\n" for obj in objs] + [b"data: [DONE]\n\n"]
+        return _Reply(200, ctype=ctype, events=events)
+
+    # -- llama.cpp
+
+    def _llama_json(self, status, obj):
+        return _Reply(status, _llama_dumps(obj), LLAMA_JSON)
+
+    def _llama_error(self, status, message, err_type):
+        return self._llama_json(status, {"error": {"code": status, "message": message,
+                                                   "type": err_type}})
+
+    def _llama_authorized(self, headers):
+        """middleware_validate_api_key: Authorization (else X-Api-Key), 'Bearer ' stripped."""
+        key = headers.get("authorization") or headers.get("x-api-key") or ""
+        if key.startswith("Bearer "):
+            key = key[len("Bearer "):]
+        return key == self.token
+
+    def _llama_route(self, method, path, headers, body, mode):
+        if not self.ready and path not in _LLAMA_FRONTEND:
+            return self._llama_error(503, "Loading model", "unavailable_error")
+        if self.token is not None and method != "OPTIONS" and path not in _LLAMA_PUBLIC \
+                and not self._llama_authorized(headers):
+            return self._llama_error(401, "Invalid API Key", "authentication_error")
+        methods = _LLAMA_ROUTES.get(path)
+        if (methods is None or method not in methods
+                or (mode == "no_health" and path in ("/health", "/v1/health"))):
+            return self._llama_error(404, "File Not Found", "not_found_error")
+        if path == "/":
+            return _Reply(200, _LLAMA_INDEX, "text/html; charset=utf-8")
+        if path in ("/health", "/v1/health"):
+            if mode == "engine_dead":
+                return self._llama_error(500, LLAMA_LOAD_FAILED, "server_error")
+            return self._llama_json(200, {"status": "ok"})
+        if path in ("/models", "/v1/models"):
+            return self._llama_json(200, self._llama_models(mode))
+        return self._llama_generate(body, mode, chat=path.endswith("/chat/completions"))
+
+    def _llama_models(self, mode):
+        names = () if mode == "empty_models" else self.models
+        now = int(time.time())
+        listed = [{"name": name, "model": name, "modified_at": "", "size": "", "digest": "",
+                   "type": "model", "description": "", "tags": [""],
+                   "capabilities": ["completion"], "parameters": "",
+                   "details": {"parent_model": "", "format": "gguf", "family": "",
+                               "families": [""], "parameter_size": "",
+                               "quantization_level": ""}} for name in names]
+        data = [{"id": name, "aliases": [], "tags": [], "object": "model", "created": now,
+                 "owned_by": "llamacpp",
+                 "meta": {"vocab_type": 2, "n_vocab": 151936, "n_ctx": 4096,
+                          "n_ctx_train": self.max_model_len, "n_embd": 896,
+                          "n_params": 494032768, "size": 994156544}} for name in names]
+        return {"models": listed, "object": "list", "data": data}
+
+    def _llama_generate(self, body, mode, chat):
+        text = body.decode("utf-8", "replace")
+        if not text.strip():
+            return self._llama_error(500, "[json.exception.parse_error.101] parse error at "
+                                          "line 1, column 1: attempting to parse an empty "
+                                          "input; check that your input string or stream "
+                                          "contains the expected JSON", "server_error")
+        try:
+            req = json.loads(text)
+        except ValueError as exc:
+            pos = getattr(exc, "pos", 0)
+            return self._llama_error(500, "[json.exception.parse_error.101] parse error at "
+                                          "line 1, column %d: syntax error while parsing value"
+                                          " - invalid literal; last read: '%s'"
+                                     % (pos + 1, text[pos:pos + 1]), "server_error")
+        if not isinstance(req, dict):
+            return self._llama_error(500, "[json.exception.type_error.306] cannot use value() "
+                                          "with %s" % ("array" if isinstance(req, list)
+                                                       else type(req).__name__),
+                                     "server_error")
+        if chat and not isinstance(req.get("messages"), list):
+            return self._llama_error(400, "'messages' is required", "invalid_request_error")
+        if not chat and "prompt" not in req:
+            return self._llama_error(500, "\"prompt\" is required", "server_error")
+        if mode == "engine_dead":
+            return self._llama_error(500, LLAMA_LOAD_FAILED, "server_error")
+        if mode == "oom":
+            return self._llama_error(500, LLAMA_OOM, "server_error")
+        limit = req.get("max_tokens", req.get("n_predict"))
+        if _is_int(limit) and limit > 0:
+            n, reason = min(limit, 16), "length"
+        else:
+            n, reason = 3, "stop"                # n_predict -1: until end of generation
+        name = req.get("model") if isinstance(req.get("model"), str) else None
+        model = name or (self.models[0] if self.models else "gpt-3.5-turbo")
+        prompt_tokens = (_messages_tokens(req["messages"]) if chat
+                         else _prompt_tokens(req.get("prompt")))
+        usage = {"completion_tokens": n, "prompt_tokens": prompt_tokens,
+                 "total_tokens": n + prompt_tokens}
+        timings = {"prompt_n": prompt_tokens, "prompt_ms": 4.2,
+                   "prompt_per_token_ms": 4.2 / prompt_tokens,
+                   "prompt_per_second": prompt_tokens / 0.0042, "predicted_n": n,
+                   "predicted_ms": 6.4 * n, "predicted_per_token_ms": 6.4,
+                   "predicted_per_second": 156.25}
+        created = int(time.time())
+        rid = "chatcmpl-" + uuid.uuid4().hex
+        if chat:
+            content = " ".join(["Hello"] * n)
+            if req.get("stream"):
+                return self._sse(LLAMA_SSE, _llama_dumps, [
+                    {"choices": [{"delta": {"content": content}, "finish_reason": reason,
+                                  "index": 0}], "created": created, "id": rid,
+                     "model": model, "object": "chat.completion.chunk",
+                     "system_fingerprint": LLAMACPP_BUILD}])
+            return self._llama_json(200, {
+                "choices": [{"finish_reason": reason, "index": 0,
+                             "message": {"content": content, "role": "assistant"}}],
+                "created": created, "id": rid, "model": model, "object": "chat.completion",
+                "system_fingerprint": LLAMACPP_BUILD, "timings": timings, "usage": usage})
+        if req.get("stream"):
+            chunks = [{"choices": [{"finish_reason": reason if i == n - 1 else None,
+                                    "index": 0, "logprobs": None, "text": " a"}],
+                       "created": created, "id": rid, "model": model,
+                       "object": "text_completion", "system_fingerprint": LLAMACPP_BUILD}
+                      for i in range(n)]
+            return self._sse(LLAMA_SSE, _llama_dumps, chunks)
+        return self._llama_json(200, {
+            "choices": [{"finish_reason": reason, "index": 0, "logprobs": None,
+                         "text": " a" * n}],
+            "created": created, "id": rid, "model": model, "object": "text_completion",
+            "system_fingerprint": LLAMACPP_BUILD, "timings": timings, "usage": usage})
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv=None):
+    epilog = "modes:\n" + "\n".join("  %-15s %s" % m for m in MODES)
+    parser = argparse.ArgumentParser(
+        prog="openai_emu.py", epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Loopback emulator of vLLM / llama-server (for gpu_preflight tests).")
+    parser.add_argument("--flavour", default="vllm", choices=FLAVOURS,
+                        help="server to emulate (default vllm)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="TCP port (default 8000 vllm, 8080 llamacpp; 0: any free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--mode", default="healthy", choices=MODE_NAMES, metavar="MODE",
+                        help="behaviour, see below (default healthy)")
+    parser.add_argument("--model", action="append", metavar="NAME",
+                        help="a served model name (repeatable; default qwen2.5-0.5b)")
+    parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
+                        help="length of the loading phase of mode loading (default 5)")
+    parser.add_argument("--token", default=None, metavar="KEY",
+                        help="require Authorization: Bearer KEY (as --api-key does)")
+    parser.add_argument("--fault-on", default="all", metavar="PATH",
+                        help="apply the mode only to this path (default all)")
+    args = parser.parse_args(argv)
+    port = DEFAULT_PORTS[args.flavour] if args.port is None else args.port
+    emu = OpenAIEmulator(flavour=args.flavour, mode=args.mode,
+                         models=tuple(args.model or ("qwen2.5-0.5b",)),
+                         load_seconds=args.load_seconds, token=args.token,
+                         host=args.host, port=port, fault_on=args.fault_on)
+    done = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: done.set())
+    try:
+        emu.start()
+    except OSError as exc:
+        sys.stderr.write("openai emulator: cannot bind %s port %d: %s\n"
+                         % (args.host, port, exc))
+        return 1
+    sys.stdout.write("openai emulator: %s flavour=%s mode=%s models=%s token=%s\n" % (
+        emu.url, emu.flavour, emu.mode, ",".join(emu.models) or "none",
+        "set" if emu.token is not None else "none"))
+    sys.stdout.flush()
+    while not done.is_set():
+        done.wait(0.2)
+    emu.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
