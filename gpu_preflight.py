@@ -138,6 +138,10 @@ SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
 #: What each stage does, for reasons and --help.
 STAGE_WHAT = {
     "gpu": "the GPU probe",
+    "api": "GET /api/version",
+    "health": "GET /health",
+    "models": "GET /v1/models",
+    "completion": "POST /v1/completions",
     "tags": "GET /api/tags",
     "loaded": "GET /api/ps",
     "warmup": "POST /api/generate",
@@ -538,10 +542,14 @@ def classify_runner_error(message):
     return EX_UNAVAILABLE
 
 
-def classify_answer(what, status, body):
+def classify_answer(what, status, body, api="ollama"):
     """(exit status, reason) for an HTTP answer that is not a success."""
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
+    if status in (401, 403) and api == "openai":
+        return EX_CONFIG, ("%s: %d %s: the server refuses the credentials: check "
+                           "the token (--token-file or GPU_PREFLIGHT_TOKEN)"
+                           % (what, status, quoted))
     if status == 403:
         return EX_CONFIG, ("%s: 403 forbidden: Ollama's host guard refuses this "
                            "host name (use the address it listens on) or a proxy "
@@ -549,8 +557,13 @@ def classify_answer(what, status, body):
     if status in (401, 407):
         return EX_CONFIG, "%s: %d authentication required: %s" % (what, status, quoted)
     if status in (404, 405) and not is_json:
-        return EX_CONFIG, ("not an Ollama server: %s answered %d %s"
-                           % (what, status, quoted))
+        return EX_CONFIG, ("not an %s server: %s answered %d %s" % (
+            "OpenAI-compatible" if api == "openai" else "Ollama", what, status, quoted))
+    if status == 503 and what == "GET /health" and not body.strip():
+        return EX_UNAVAILABLE, ("GET /health: 503 with no body: the engine is dead "
+                                "(vLLM's EngineDeadError); restart the server")
+    if status == 503 and message.strip() == "Loading model":
+        return EX_TEMPFAIL, "%s: 503 Loading model: the server is still loading" % what
     if status == 503:
         return EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)
     if status in (400, 404):
@@ -561,7 +574,7 @@ def classify_answer(what, status, body):
     return EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted)
 
 
-def classify_exception(exc, what, url):
+def classify_exception(exc, what, url, api="ollama"):
     """(exit status, reason) for a network failure, or raise TimedOut."""
     if isinstance(exc, urllib.error.URLError) and not isinstance(
             exc, urllib.error.HTTPError):
@@ -569,6 +582,9 @@ def classify_exception(exc, what, url):
     if isinstance(exc, socket.timeout):
         raise TimedOut()
     where = url.split("://", 1)[-1].split("/", 1)[0]
+    if isinstance(exc, ConnectionRefusedError) and api == "openai":
+        return EX_TEMPFAIL, ("connection refused by %s (vLLM refuses connections "
+                             "while it loads the model; or the service is down)" % where)
     if isinstance(exc, ConnectionRefusedError):
         return EX_UNAVAILABLE, ("connection refused by %s (is the service "
                                 "running and listening there?)" % where)
@@ -691,6 +707,16 @@ OPTIONS = (
     ("host", None, host_url, None, "URL",
      "Ollama base URL (default: OLLAMA_HOST as Ollama reads it, "
      "else %s)" % DEFAULT_HOST),
+    ("api", None, parse_choice("ollama", "openai", "auto"), "ollama", "NAME",
+     "ollama (native API), openai (vLLM, llama-server: /health, /v1/models, "
+     "/v1/completions) or auto (ask GET /api/version once)"),
+    ("token-file", None, str, None, "PATH",
+     "send 'Authorization: Bearer' with the token in PATH (or in "
+     "GPU_PREFLIGHT_TOKEN); never on the command line"),
+    ("cafile", None, str, None, "PATH",
+     "verify https:// hosts against this CA bundle instead of the system's"),
+    ("insecure", None, "flag", False, None,
+     "do not verify TLS certificates (logged as a problem on every run)"),
     ("model", None, str, None, "NAME",
      "model to warm (default: one already loaded, else the first listed)"),
     ("timeout", None, parse_seconds, DEFAULT_TIMEOUT, "SECONDS",
@@ -895,6 +921,53 @@ def read_small_file(path, limit):
     return b"".join(chunks)
 
 
+def read_token(opts, environ):
+    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None.
+
+    Raises Fail (78): a token file others can read while running as root,
+    an empty file, or a token a header cannot carry.
+    """
+    path, where = opts.token_file, "GPU_PREFLIGHT_TOKEN"
+    text = environ.get(ENV_PREFIX + "TOKEN", "")
+    if path:
+        where = "token file %s" % sanitise(path)
+        try:
+            mode = os.stat(path).st_mode
+            if os.geteuid() == 0 and mode & 0o044:
+                raise Fail(EX_CONFIG, "%s is readable by group or others (mode %04o): "
+                           "chmod 600 it" % (where, stat.S_IMODE(mode)), "config")
+            text = read_small_file(path, MAX_CONFIG).decode("utf-8")
+        except (OSError, ValueError) as exc:
+            raise Fail(EX_CONFIG, "cannot read %s: %s" % (
+                where, getattr(exc, "strerror", None) or exc), "config")
+        text = text.strip().split("\n")[0].strip()
+        if not text:
+            raise Fail(EX_CONFIG, "%s is empty" % where, "config")
+    text = text.strip()
+    if text and not re.match(r"^[\x21-\x7e]+$", text):
+        raise Fail(EX_CONFIG, "the token in %s has characters an HTTP header cannot "
+                   "carry" % where, "config")
+    return text or None
+
+
+def tls_context(opts):
+    """The TLS context for an https:// host: the system's CA store, or
+    --cafile, or no verification at all with --insecure."""
+    if not opts.host.startswith("https://"):
+        return None
+    if opts.insecure:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    try:
+        return ssl.create_default_context(cafile=opts.cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise Fail(EX_CONFIG, "cannot use --cafile %s: %s" % (
+            sanitise(opts.cafile), sanitise(getattr(exc, "strerror", None) or exc)),
+            "config")
+
+
 def _from_text(kind, text):
     """An option's value from environment or file text."""
     if kind == "flag":
@@ -937,6 +1010,7 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                     or opts.strict_gpu
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
     opts.gpu_backend = opts.gpu_backend or "auto"
+    opts.token = opts.tls_context = None    # read_token() and tls_context()
     if opts.deadline is None:
         opts.deadline = DEFAULT_DEADLINE + (opts.wait or 0) + (opts.jitter or 0)
     opts.ollama_option = dict(opts.ollama_option)
@@ -1357,12 +1431,19 @@ class _HTTPHandler(urllib.request.HTTPHandler):
 class Client(object):
     """Talks to one base URL; every call returns bytes or raises Fail/TimedOut."""
 
-    def __init__(self, base):
+    def __init__(self, base, api="ollama", token=None, context=None):
         host = url_host(base)
         if host == "":
             base = base.replace("://:", "://127.0.0.1:", 1)
-        self.base = base
+        self.base, self.api = base, api
+        self.headers = {"User-Agent": "%s/%s" % (PROG, __version__),
+                        "Accept": "application/json",
+                        "Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = "Bearer " + token
         handlers = [_NoRedirect(), _HTTPHandler()]
+        if context is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=context))
         if is_loopback(host):
             handlers.append(urllib.request.ProxyHandler({}))
         self.opener = urllib.request.build_opener(*handlers)
@@ -1371,11 +1452,8 @@ class Client(object):
         """The body of a 2xx answer to METHOD path, read within limits."""
         what = "%s %s" % (method, path)
         data = None if payload is None else json.dumps(payload).encode("ascii")
-        request = urllib.request.Request(
-            self.base + path, data=data, method=method,
-            headers={"User-Agent": "%s/%s" % (PROG, __version__),
-                     "Accept": "application/json",
-                     "Content-Type": "application/json"})
+        request = urllib.request.Request(self.base + path, data=data, method=method,
+                                         headers=self.headers)
         try:
             answer = self.opener.open(request, timeout=budget)
         except urllib.error.HTTPError as exc:
@@ -1384,10 +1462,10 @@ class Client(object):
                 raise Fail(EX_CONFIG, "%s: redirected (%d) to %s; give --host the "
                            "final address" % (what, exc.code,
                                                sanitise(exc.headers.get("Location"))))
-            code, reason = classify_answer(what, exc.code, body)
+            code, reason = classify_answer(what, exc.code, body, self.api)
             raise Fail(code, reason, status=exc.code)
         except Exception as exc:    # URLError, OSError, http.client errors
-            raise Fail(*classify_exception(exc, what, self.base))
+            raise Fail(*classify_exception(exc, what, self.base, self.api))
         return self._read(answer, MAX_BODY, what)
 
     def _read(self, answer, limit, what, allow_short=False):
@@ -1405,7 +1483,7 @@ class Client(object):
         except Exception as exc:    # OSError, http.client.IncompleteRead...
             if allow_short:
                 return b""
-            raise Fail(*classify_exception(exc, what, self.base))
+            raise Fail(*classify_exception(exc, what, self.base, self.api))
         finally:
             answer.close()
         if allow_short:             # an error answer: its start is enough
@@ -1426,8 +1504,9 @@ class Client(object):
         except (ValueError, RecursionError):    # RecursionError: [[[[...
             raise not_json("%s %s" % (method, path), body)
         if not isinstance(doc, dict):
-            raise Fail(EX_CONFIG, "not an Ollama server: %s %s did not answer a "
-                       "JSON object" % (method, path))
+            raise Fail(EX_CONFIG, "not an %s server: %s %s did not answer a JSON "
+                       "object" % ("OpenAI-compatible" if self.api == "openai"
+                                   else "Ollama", method, path))
         return doc
 
 
@@ -1469,6 +1548,8 @@ class Run(object):
         self.reused = None          # --share-result: the state reused, if any
         self.problems = []          # trouble beside the verdict (state, metrics)
         self.unchanged = False      # --log-changes-only: same verdict as last time
+        if opts.insecure:
+            self.problems.append("TLS certificates not verified (--insecure)")
         self.started = started
         self.deadline_at = started + opts.deadline
         self.stages = []            # dicts: name, status, duration_ms, reason
@@ -1477,6 +1558,7 @@ class Run(object):
         self.loaded_before = None   # was the model loaded? None: unknown
         self.vram_pct = None        # share of the model in VRAM after warm-up
         self.notes = []             # facts for a ready verdict
+        self.api = opts.api         # ollama or openai (auto: once detected)
         self.code = None            # the verdict, set once
         self.stage = None
         self.reason = ""
@@ -1679,6 +1761,75 @@ def check_service(run, client):
                                else "the load")
 
 
+def check_inference(run):
+    """The HTTP stages of the API in use (--api); returns the ready reason."""
+    opts = run.opts
+    client = Client(opts.host, opts.api, opts.token, opts.tls_context)
+    if opts.api == "auto":
+        run.api = client.api = check_api(run, client)
+    if run.api == "openai":
+        return check_openai(run, client)
+    return check_service(run, client)
+
+
+def check_api(run, client):
+    """Stage api (--api auto): Ollama answers GET /api/version, vLLM and
+    llama-server do not. Returns "ollama" or "openai"."""
+    with run.step("api") as budget:
+        try:
+            doc = client.json("GET", "/api/version", budget)
+        except Fail as exc:
+            if exc.status is None:
+                raise
+            return "openai"
+        return "ollama" if isinstance(doc.get("version"), str) else "openai"
+
+
+def check_openai(run, client):
+    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's
+    /v1): health -> models -> completion. Returns the ready reason."""
+    with run.step("health") as budget:
+        try:
+            client.call("GET", "/health", budget)
+        except Fail as exc:
+            if exc.status != 404:   # Ollama's /v1 and some proxies have no /health
+                raise
+            run.notes.append("server has no /health")
+    with run.step("models") as budget:
+        doc = client.json("GET", "/v1/models", budget)
+        data = doc.get("data", doc.get("models"))
+        if data is not None and not isinstance(data, list):
+            raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
+                       "has no data list")
+        names = [m.get("id") or _name(m) for m in data or () if isinstance(m, dict)]
+        names = [n for n in names if isinstance(n, str)]
+        if not names:
+            raise Fail(EX_CONFIG, "the server serves no models (GET /v1/models)")
+        if run.model:
+            found = [n for n in names if n == run.model] or \
+                [n for n in names if same_model(n, run.model)]
+            if not found:
+                raise Fail(EX_CONFIG, "model %s is not served here; it serves: %s" % (
+                    sanitise(run.model), sanitise(", ".join(names[:10]))))
+            run.model = found[0]
+        else:
+            run.model = names[0]
+    if run.opts.warmup == "off":
+        return "service up, model %s served (warm-up off)" % run.model
+    with run.step("completion") as budget:
+        answer = client.json("POST", "/v1/completions", budget, {
+            "model": run.model, "prompt": WARMUP_PROMPT, "max_tokens": 1,
+            "stream": False})
+        if "error" in answer:
+            error = error_text(answer["error"])
+            raise Fail(classify_runner_error(error), "POST /v1/completions: error "
+                       "from the model: %s" % sanitise(error))
+        if not isinstance(answer.get("choices"), list) or not answer["choices"]:
+            raise Fail(EX_UNAVAILABLE, "POST /v1/completions: answered without a "
+                       "completion (no choices)")
+    return "%s answered a token" % run.model
+
+
 def running_models(run, client, budget):
     """The /api/ps entries, or None from a server without /api/ps."""
     try:
@@ -1812,7 +1963,7 @@ def check_until_ready(run, shared):
                     check_gpu(run)      # forks: first, while few threads exist
                 start_lookup(run)
                 if run.code is None:
-                    supervise(run, lambda r: check_service(r, Client(opts.host)))
+                    supervise(run, check_inference)
             except Fail as exc:
                 run.decide(exc.code, exc.stage, exc.reason)
             left = min(run.started + (opts.wait or 0), run.deadline_at) - time.monotonic()
@@ -2098,6 +2249,8 @@ def log_line(run, elapsed_ms):
         fields.append(("was_loaded", "yes" if run.loaded_before else "no"))
     if run.vram_pct is not None:
         fields.append(("vram_pct", run.vram_pct))
+    if run.api != "ollama":
+        fields.append(("api", run.api))
     if run.attempt > 1:
         fields.append(("attempts", run.attempt))
     if run.reused:
@@ -2202,7 +2355,7 @@ def verdict_json(run, elapsed_ms):
         "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
         "warmup": run.opts.warmup, "model_was_loaded": run.loaded_before,
         "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
-        "attempts": run.attempt, "reused": run.reused is not None,
+        "attempts": run.attempt, "reused": run.reused is not None, "api": run.api,
         "problems": run.problems,
     }
 
@@ -2211,7 +2364,11 @@ def report(run):
     """Write the verdict: syslog always, stdout for --json, stderr as asked."""
     opts = run.opts
     elapsed_ms = (time.monotonic() - run.started) * 1000.0
-    line = log_line(run, elapsed_ms)
+
+    def hide(text):     # a server that echoes the token must not get it logged
+        return text.replace(opts.token, "[token]") if opts.token else text
+
+    line = hide(log_line(run, elapsed_ms))
     problem = None
     if not opts.no_syslog and not run.unchanged:
         target = None
@@ -2223,8 +2380,8 @@ def report(run):
                               opts.syslog_address, target)
     try:
         if opts.json:
-            sys.stdout.write(json.dumps(verdict_json(run, elapsed_ms),
-                                        sort_keys=True) + "\n")
+            sys.stdout.write(hide(json.dumps(verdict_json(run, elapsed_ms),
+                                             sort_keys=True)) + "\n")
             sys.stdout.flush()
         if opts.quiet:
             return
@@ -2234,11 +2391,11 @@ def report(run):
                 sys.stderr.write("%s: warning: %s\n" % (PROG, sanitise(problem)))
         elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
                                     or _isatty(sys.stderr)):
-            sys.stderr.write("%s: skip (%d%s): %s\n" % (
+            sys.stderr.write(hide("%s: skip (%d%s): %s\n" % (
                 PROG, run.code, ", " + run.stage if run.stage else "",
-                sanitise(verdict_reason(run), REASON_MAX)))
+                sanitise(verdict_reason(run), REASON_MAX))))
         if run.trace and opts.debug:
-            sys.stderr.write(run.trace)
+            sys.stderr.write(hide(run.trace))
         sys.stderr.flush()
     except (OSError, ValueError):
         pass    # a closed stdout or stderr must not change the verdict
@@ -2263,10 +2420,14 @@ def main(argv=None, started=None):
     previous = _set_signals(_raise_interrupt)
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[args.index("--") + 1:] if "--" in args else None
+    args = args[:args.index("--")] if command is not None else args
     try:
         try:
-            ns = build_parser().parse_args(args[:args.index("--")] if command is not None
-                                           else args)
+            if any(a == "--token" or a.startswith("--token=") for a in args):
+                raise UsageError("there is no --token: a token on the command line is "
+                                 "shown to every user by ps; use --token-file or "
+                                 "GPU_PREFLIGHT_TOKEN")
+            ns = build_parser().parse_args(args)
             if ns.verbose and ns.quiet:
                 raise UsageError("-v/--verbose and -q/--quiet exclude each other")
             if command == []:
@@ -2282,6 +2443,8 @@ def main(argv=None, started=None):
         try:
             if problem:
                 raise Fail(EX_CONFIG, problem, "config")
+            opts.token = read_token(opts, os.environ)
+            opts.tls_context = tls_context(opts)
             if command:
                 path, failure = find_command(command[0], os.environ)
                 if failure:

@@ -1,0 +1,266 @@
+"""--api openai|auto against loopback emulators of vLLM and llama.cpp's
+llama-server (tests/openai_emu.py), bearer tokens, and TLS through a
+reverse proxy with a test CA made by openssl (tests/tls_util.py).
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import support
+import tls_util
+from ollama_emu import free_port
+from openai_emu import OpenAIEmulator
+from test_contract import SLACK, ContractCase
+
+TOKEN = "gpfl-test-Secret-7Q2x"
+
+
+class OpenAICase(ContractCase):
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.dir = tempfile.mkdtemp(prefix="gpfl-openai-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def server(self, flavour="vllm", **kwargs):
+        emu = OpenAIEmulator(flavour=flavour, **kwargs).start()
+        self.addCleanup(emu.stop)
+        return emu
+
+    def check(self, url, *args, **kwargs):
+        env = kwargs.pop("env", None)
+        res = self.run_gp(["--host", url, "--api", kwargs.pop("api", "openai")]
+                          + list(args), env=env)
+        if "-v" not in args:
+            self.assertEqual(res.stderr, "", res)
+        return res
+
+    def verdict(self, res, code, stage=None, text=""):
+        self.assertEqual(res.code, code, res)
+        fields = self.log()[1]
+        self.assertEqual(fields["code"], str(code))
+        if stage:
+            self.assertEqual(fields["stage"], stage)
+        self.assertIn(text, fields["reason"])
+        return fields
+
+    def token_file(self, mode=0o600, text=TOKEN + "\n", name="token"):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as handle:
+            handle.write(text)
+        os.chmod(path, mode)
+        return path
+
+
+class ServersTest(OpenAICase):
+    def test_vllm_and_llama_server_are_ready_with_one_token(self):
+        for flavour in ("vllm", "llamacpp"):
+            with self.subTest(flavour=flavour):
+                emu = self.server(flavour)
+                fields = self.verdict(self.check(emu.url), 0)
+                self.assertEqual(fields["api"], "openai")
+                self.assertEqual(fields["model"], "qwen2.5-0.5b")
+                for stage in ("health_ms", "models_ms", "completion_ms"):
+                    self.assertIn(stage, fields)
+                posts = [r for r in emu.requests if r["method"] == "POST"]
+                self.assertEqual(len(posts), 1)
+                self.assertEqual(posts[0]["path"], "/v1/completions")
+                self.assertEqual(json.loads(posts[0]["body"].decode()), {
+                    "model": "qwen2.5-0.5b", "prompt": "test", "max_tokens": 1,
+                    "stream": False})
+
+    def test_auto_picks_the_api(self):
+        from ollama_emu import Emulator
+        ollama = Emulator().start()
+        self.addCleanup(ollama.stop)
+        fields = self.verdict(self.check(ollama.url, api="auto"), 0)
+        self.assertNotIn("api", fields)
+        self.assertEqual(ollama.count("POST", "/api/generate"), 1)
+        for flavour in ("vllm", "llamacpp"):
+            with self.subTest(flavour=flavour):
+                emu = self.server(flavour)
+                fields = self.verdict(self.check(emu.url, api="auto"), 0)
+                self.assertEqual(fields["api"], "openai")
+                self.assertEqual([r["path"] for r in emu.requests][0], "/api/version")
+
+    def test_loading_is_temporary(self):
+        vllm = self.server("vllm", mode="loading", load_seconds=30)
+        self.verdict(self.check(vllm.url), 75, "health", "vLLM refuses connections "
+                     "while it loads")
+        llama = self.server("llamacpp", mode="loading", load_seconds=30)
+        self.verdict(self.check(llama.url), 75, "health", "503 Loading model")
+
+    def test_wait_rides_out_a_load(self):
+        llama = self.server("llamacpp", mode="loading", load_seconds=2)
+        res = self.check(llama.url, "--wait", "20")
+        fields = self.verdict(res, 0)
+        self.assertGreaterEqual(int(fields["attempts"]), 2)
+
+    def test_dead_engine_is_unavailable(self):
+        emu = self.server("vllm", mode="engine_dead")
+        self.verdict(self.check(emu.url), 69, "health", "the engine is dead")
+
+    def test_unknown_model_and_no_models_are_configuration(self):
+        emu = self.server("vllm")
+        self.verdict(self.check(emu.url, "--model", "llama3"), 78, "models",
+                     "model llama3 is not served here; it serves: qwen2.5-0.5b")
+        self.assertEqual([r for r in emu.requests if r["method"] == "POST"], [])
+        empty = self.server("llamacpp", mode="empty_models")
+        self.verdict(self.check(empty.url), 78, "models", "serves no models")
+
+    def test_server_without_health_is_noted(self):
+        emu = self.server("vllm", mode="no_health")
+        self.verdict(self.check(emu.url), 0, text="server has no /health")
+
+    def test_out_of_memory_is_temporary(self):
+        emu = self.server("vllm", mode="oom")
+        self.verdict(self.check(emu.url), 75, "completion", "out of memory")
+
+    def test_ollama_itself_is_not_an_openai_server_without_v1(self):
+        from ollama_emu import Emulator
+        ollama = Emulator().start()
+        self.addCleanup(ollama.stop)
+        self.verdict(self.check(ollama.url), 78, text="not an OpenAI-compatible server")
+
+
+class FaultsTest(OpenAICase):
+    """Every fault mode under --api openai ends inside the deadline."""
+
+    def test_faults(self):
+        cases = [("hang", 75, "timed out"), ("trickle", 75, "timed out"),
+                 ("close_mid_body", 69, "mid-answer"), ("garbage", 69, "not JSON"),
+                 ("huge", 69, "larger than")]
+        for mode, code, text in cases:
+            with self.subTest(mode=mode):
+                self.sink.messages(wait=0.01)
+                emu = self.server("vllm", mode=mode, fault_on="/v1/completions")
+                res = self.check(emu.url, "--timeout", "1", "--deadline", "3")
+                self.assertLess(res.elapsed, 3 + SLACK, res)
+                self.verdict(res, code, "completion", text)
+
+    def test_refused_port(self):
+        res = self.check("127.0.0.1:%d" % free_port(), "--deadline", "3")
+        self.verdict(res, 75, "health", "connection refused")
+        self.assertLess(res.elapsed, 3 + SLACK)
+
+    def test_redirect_is_reported_not_followed(self):
+        emu = self.server("vllm", mode="redirect")
+        path = self.token_file()
+        res = self.check(emu.url, "--token-file", path)
+        self.verdict(res, 78, "health", "redirected (302) to http://evil.example:9/steal")
+
+
+class TokenTest(OpenAICase):
+    def test_token_is_sent_and_never_shown(self):
+        emu = self.server("vllm", token=TOKEN)
+        path = self.token_file()
+        res = self.check(emu.url, "--token-file", path, "--json", "-v", "--debug")
+        self.assertEqual(res.code, 0, res)
+        sent = [r["headers"].get("authorization") for r in emu.requests]
+        self.assertEqual(set(sent), {"Bearer " + TOKEN})
+        messages = self.sink.messages()
+        for text in [res.stdout, res.stderr] + messages:
+            self.assertNotIn(TOKEN, text)
+        self.assertTrue(messages)
+
+    def test_token_from_the_environment(self):
+        emu = self.server("llamacpp", token=TOKEN)
+        res = self.check(emu.url, env=support.cron_env(GPU_PREFLIGHT_TOKEN=TOKEN))
+        self.verdict(res, 0)
+
+    def test_wrong_or_missing_token_says_check_the_token(self):
+        emu = self.server("vllm", token=TOKEN)
+        self.verdict(self.check(emu.url), 78, "models", "check the token")
+        res = self.check(emu.url, env=support.cron_env(GPU_PREFLIGHT_TOKEN="wrong"))
+        self.verdict(res, 78, "models", "401")
+
+    def test_a_token_echoed_by_the_server_is_hidden(self):
+        def answer(method, path, n):
+            return 500, b'{"error": "bad key %s"}' % TOKEN.encode()
+        url = self.scripted_server(answer)
+        res = self.check(url, "--json", "-v", env=support.cron_env(
+            GPU_PREFLIGHT_TOKEN=TOKEN))
+        for text in [res.stdout, res.stderr] + self.sink.messages():
+            self.assertNotIn(TOKEN, text)
+        self.assertIn("bad key [token]", res.stdout)
+
+    def test_token_file_readable_by_others_is_refused_as_root(self):
+        if os.geteuid() != 0:
+            self.skipTest("the check applies to root")
+        emu = self.server("vllm", token=TOKEN)
+        res = self.check(emu.url, "--token-file", self.token_file(mode=0o644))
+        self.verdict(res, 78, "config", "readable by group or others (mode 0644): chmod 600")
+        self.assertEqual(emu.requests, [])
+
+    def test_bad_token_files(self):
+        emu = self.server("vllm", token=TOKEN)
+        for path, text in ((os.path.join(self.dir, "missing"), "cannot read token file"),
+                           (self.token_file(text="\n\n", name="empty"), "is empty"),
+                           (self.token_file(text="two words\n", name="two"), "cannot carry")):
+            with self.subTest(text=text):
+                self.verdict(self.check(emu.url, "--token-file", path), 78, "config", text)
+
+    def test_there_is_no_token_flag(self):
+        for args in (["--token", TOKEN], ["--token=" + TOKEN]):
+            res = support.run_script(args)
+            self.assertEqual(res.code, 64, res)
+            self.assertNotIn(TOKEN, res.stderr)
+            self.assertIn("use --token-file or GPU_PREFLIGHT_TOKEN", res.stderr)
+
+
+class TLSTest(OpenAICase):
+    @classmethod
+    def setUpClass(cls):
+        cls.ca_dir = tempfile.mkdtemp(prefix="gpfl-ca-")
+        case = OpenAICase("run")
+        support.require_tool(case, "openssl")
+        cls.ca = tls_util.make_test_ca(cls.ca_dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.ca_dir, ignore_errors=True)
+
+    def proxy(self, cert, key, host="127.0.0.1", **kwargs):
+        backend = self.server("vllm", **kwargs)
+        proxy = tls_util.TLSProxy(backend.url, cert, key, host=host).start()
+        self.addCleanup(proxy.stop)
+        return proxy, backend
+
+    def test_private_ca_with_cafile_and_a_token(self):
+        proxy, backend = self.proxy(self.ca["server_cert"], self.ca["server_key"],
+                                    token=TOKEN)
+        self.assertTrue(proxy.url.startswith("https://"))
+        res = self.check(proxy.url, "--cafile", self.ca["ca"], "--token-file",
+                         self.token_file())
+        self.verdict(res, 0)
+        self.assertEqual(backend.count("POST", "/v1/completions"), 1)
+
+    def test_unknown_ca_self_signed_and_expired_are_78(self):
+        for cert, key, args, text in (
+                ("server_cert", "server_key", [], "certificate verify failed"),
+                ("other_cert", "other_key", ["--cafile", self.ca["ca"]],
+                 "certificate verify failed"),
+                ("expired_cert", "expired_key", ["--cafile", self.ca["ca"]], "expired")):
+            with self.subTest(cert=cert):
+                self.sink.messages(wait=0.01)
+                proxy, backend = self.proxy(self.ca[cert], self.ca[key])
+                self.verdict(self.check(proxy.url, *args), 78, "health", text)
+                self.assertEqual(backend.requests, [])
+
+    def test_insecure_works_and_warns_every_run(self):
+        proxy, backend = self.proxy(self.ca["other_cert"], self.ca["other_key"])
+        for _ in range(2):
+            fields = self.verdict(self.check(proxy.url, "--insecure"), 0)
+            self.assertEqual(fields["problem"], "TLS certificates not verified (--insecure)")
+
+    def test_bad_cafile_is_78(self):
+        proxy, backend = self.proxy(self.ca["server_cert"], self.ca["server_key"])
+        self.verdict(self.check(proxy.url, "--cafile", os.path.join(self.ca_dir, "nope")),
+                     78, "config", "cannot use --cafile")
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
