@@ -4,24 +4,29 @@
 Run it in front of a GPU job; the job starts only when the service answered:
 
     python3 gpu_preflight.py && /opt/jobs/nightly.sh
+    python3 gpu_preflight.py --lock /run/lock/gpu0.lock -- /opt/jobs/nightly.sh
 
-It asks Ollama, in stages, each bounded by --timeout and all of them together
-by --deadline (counted from process start, whatever the server does):
+It checks in stages, each bounded by --timeout and all together by --deadline
+(counted from process start, whatever the server or the driver does):
 
-    tags       GET  /api/tags       the service is up and the model is present
-    loaded     GET  /api/ps         was the model loaded already? (cold-load note)
+    gpu        (--gpu) NVML, nvidia-smi or amdgpu sysfs: driver, memory, load
+    tags       GET  /api/tags       Ollama is up and the model is present
+    loaded     GET  /api/ps         was the model loaded already?
     warmup     POST /api/generate   one token from the model: the GPU answers
     placement  GET  /api/ps         the model sits in VRAM, not on the CPU
+  or, with --api openai (vLLM, llama-server):
+    health, models, completion      GET /health, GET /v1/models, POST /v1/completions
 
 Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
 
-     0  ready: the job may run
+     0  ready: the job may run (with -- COMMAND: the job's own status)
     64  usage error: bad flag or flag value
-    69  unavailable: refused, reset, DNS, HTTP error, runner died, model on CPU
+    69  unavailable: refused, reset, HTTP error, runner died, GPU lost, no driver
     70  internal error (a bug): one line, a traceback only with --debug
-    75  temporary: timed out, server busy, GPU memory contended, cold model
-    78  configuration: bad config or value, model not present, not Ollama
-   130  interrupted by SIGINT     143  interrupted by SIGTERM
+    75  temporary: timed out, busy, loading, GPU memory contended, locked
+    78  configuration: bad config or value, model not present, bad token or cert
+   126  COMMAND not executable      127  COMMAND not found
+   130  interrupted by SIGINT       143  interrupted by SIGTERM
 
 Every run writes one line to syslog (ident gpu_preflight). Each long option can
 also be set as GPU_PREFLIGHT_<NAME> in the environment or as a key in the
@@ -797,19 +802,10 @@ OPTIONS = (
 
 EPILOG = """\
 examples:
-  python3 gpu_preflight.py && /opt/jobs/nightly.sh
   gpu_preflight --model llama3.2 --timeout 5 --deadline 15 && job
-  gpu_preflight --host http://gpu1:11434 --json
-  gpu_preflight --model qwen3:8b --ollama-option num_ctx=8192 -v
-  */10 * * * * gpu_preflight --model llama3.2 && /opt/jobs/batch.sh
-
-stages: tags (GET /api/tags), loaded (GET /api/ps), warmup (POST
-/api/generate, one token), placement (GET /api/ps: model in VRAM?)
-
-exit status:
-   0 ready                 69 unavailable        75 temporary, retry later
-  64 usage error           70 internal error     78 configuration
- 130/143 interrupted by SIGINT/SIGTERM
+  gpu_preflight --gpu --max-util 30 --min-free-mib 20000 -- /opt/jobs/batch.sh
+  gpu_preflight --api openai --host https://llm.example.org --token-file /etc/t
+  */10 * * * * gpu_preflight --lock /run/lock/gpu0.lock -- /opt/jobs/batch.sh
 
 A cold model (not loaded when the run starts) needs longer than the default
 3 s to load, and Ollama aborts a load when the client gives up: give the
@@ -818,6 +814,7 @@ server (OLLAMA_KEEP_ALIVE=-1, or --keep-alive 1h).
 
 Each long option is also GPU_PREFLIGHT_<NAME> (GPU_PREFLIGHT_KEEP_ALIVE=10m)
 and a key in the [gpu_preflight] section of the config file (keep-alive = 10m).
+The bearer token is read from --token-file or GPU_PREFLIGHT_TOKEN only.
 """
 
 
@@ -846,7 +843,7 @@ def _argtype(parse):
 
 def build_parser():
     """The command line: every option defaults to None (= not given)."""
-    parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:4]),
+    parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:7]),
                      epilog=EPILOG, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for name, short, kind, default, metavar, text in OPTIONS:

@@ -238,8 +238,9 @@ class ReadyTest(ContractCase):
     def test_help_carries_examples_and_the_exit_table(self):
         res = support.run_script(["--help"])
         self.assertEqual((res.code, res.stderr), (0, ""))
-        for text in ("examples:", "exit status:", "75 temporary", "78 configuration",
-                     "GPU_PREFLIGHT_", "--keep-alive", "cold model"):
+        for text in ("examples:", "Exit status", "75  temporary", "78  configuration",
+                     "127  COMMAND not found", "placement", "GPU_PREFLIGHT_", "--keep-alive",
+                     "cold model"):
             self.assertIn(text, res.stdout)
 
     def test_partial_offload_is_ready_and_reported(self):
