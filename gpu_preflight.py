@@ -370,13 +370,6 @@ def parse_seconds(text):
     return value
 
 
-def parse_warmup(text):
-    """One of the warm-up kinds."""
-    if text not in ("token", "load", "off"):
-        raise ValueError("%r: choose token, load or off" % text)
-    return text
-
-
 def parse_facility(text):
     """A syslog facility name, returned as its code."""
     if text.lower() not in FACILITIES:
@@ -409,7 +402,8 @@ def parse_choice(*choices):
     """A parser accepting one of choices."""
     def parse(text):
         if text not in choices:
-            raise ValueError("%r: choose %s" % (text, " or ".join(choices)))
+            raise ValueError("%r: choose %s or %s" % (text, ", ".join(choices[:-1]),
+                                                       choices[-1]))
         return text
     return parse
 
@@ -729,7 +723,7 @@ OPTIONS = (
     ("deadline", None, parse_seconds, None, "SECONDS",
      "hard limit on the whole run, from process start (default %g, plus "
      "--wait and --jitter)" % DEFAULT_DEADLINE),
-    ("warmup", None, parse_warmup, "token", "token|load|off",
+    ("warmup", None, parse_choice("token", "load", "off"), "token", "token|load|off",
      "token: generate one token; load: only load the model; off: skip "
      "(default token)"),
     ("keep-alive", None, parse_keep_alive, None, "DURATION",

@@ -103,9 +103,9 @@ class ValueParserTest(unittest.TestCase):
         for bad in ("0", "-1", "x", "nan", "inf"):
             with self.assertRaises(ValueError):
                 gp.parse_seconds(bad)
-        self.assertEqual(gp.parse_warmup("load"), "load")
+        self.assertEqual(gp.parse_choice("token", "load", "off")("load"), "load")
         with self.assertRaises(ValueError):
-            gp.parse_warmup("full")
+            gp.parse_choice("token", "load", "off")("full")
         self.assertEqual(gp.parse_facility("local3"), 19)
         self.assertEqual(gp.parse_facility("USER"), 1)
         with self.assertRaises(ValueError):
