@@ -129,6 +129,9 @@ CHECK_OPTIONS = ("host", "model", "warmup", "keep_alive", "ollama_option",
 #: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
 EX_NOEXEC, EX_NOTFOUND = 126, 127
 
+#: Verdicts that say nothing about the service: never shared, never skips.
+NOT_A_CHECK = ("config", "command", "lock", "shared")
+
 #: syslog facility codes (RFC 5424), by the names logger(1) accepts.
 FACILITIES = {
     "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5,
@@ -1533,13 +1536,13 @@ class Stage(object):
 class Run(object):
     """One preflight: options, clock, finished stages and the verdict."""
 
-    def __init__(self, opts, started, attempt=1, lookup=None):
+    def __init__(self, opts, started, attempt=1, lookup=None, before=None):
         self.opts = opts
         self.attempt = attempt      # --wait: which attempt this is
         self.reused = None          # --share-result: the state reused, if any
-        self.problems = []          # trouble beside the verdict (state, metrics)
+        self.problems = before.problems if before else []   # state, metrics, TLS
         self.unchanged = False      # --log-changes-only: same verdict as last time
-        if opts.insecure:
+        if opts.insecure and before is None:
             self.problems.append("TLS certificates not verified (--insecure)")
         self.started = started
         self.deadline_at = started + opts.deadline
@@ -1933,20 +1936,23 @@ def check_until_ready(run, shared):
     """The checks, reusing a shared verdict when there is one, retried with
     backoff under --wait; returns the Run that holds the final verdict."""
     opts = run.opts
-    state = shared.reusable(run, None) if shared and opts.share_result else None
+    share = shared is not None and opts.share_result
     try:
+        state = shared.reusable(None) if share else None
         if state is None and opts.jitter:
             time.sleep(max(0.0, min(opts.jitter * _random(), run.deadline_at
                                     - time.monotonic() - opts.timeout)))
-        if state is None and shared and opts.share_result:
-            state = shared.fly(run)
+        if state is None and share:
+            state = shared.fly(run)     # wait for a check in flight, then look again
         if state is not None:
             run.reused = state
             run.decide(state["code"], state.get("stage"), "reused verdict of pid %s, "
                        "%.1fs old: %s" % (state.get("pid"), time.time() - state["time"],
                                           state.get("reason", "")))
             run.model = state.get("model") or run.model
-            return run
+            if state["code"] == EX_OK or retry_time(run) <= 0:
+                return run
+            run = Run(opts, run.started, attempt=1, lookup=run.lookup, before=run)
         pause = WAIT_FIRST
         while True:
             try:
@@ -1957,16 +1963,25 @@ def check_until_ready(run, shared):
                     supervise(run, check_inference)
             except Fail as exc:
                 run.decide(exc.code, exc.stage, exc.reason)
-            left = min(run.started + (opts.wait or 0), run.deadline_at) - time.monotonic()
+            left = retry_time(run)
             if run.code not in (EX_UNAVAILABLE, EX_TEMPFAIL) or left <= 0:
                 return run
             time.sleep(min(left, pause * (0.75 + 0.5 * _random())))
             pause = min(pause * 2, WAIT_MOST)
             kill_probes(run)
-            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup)
+            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup,
+                      before=run)
     except Interrupted as exc:
         exc.run = run
         raise
+
+
+def retry_time(run):
+    """How long --wait may still pause before another attempt: the attempt
+    must have a whole --timeout before the deadline, or it is not made."""
+    opts = run.opts
+    return min(run.started + (opts.wait or 0) - time.monotonic(),
+               run.deadline_at - time.monotonic() - opts.timeout)
 
 
 def _random():
@@ -2046,22 +2061,35 @@ def state_dir(opts, environ):
     return path
 
 
-def state_key(opts):
-    """The file name of a check's state: readable, plus a checksum of the
-    options that define the check."""
+def state_key(opts, environ):
+    """The file name of a check's state: readable, plus a checksum of all that
+    defines the check (options, the GPUs the environment selects, the API,
+    the token's digest, TLS settings)."""
     import zlib
-    check = json.dumps([getattr(opts, name) for name in CHECK_OPTIONS], sort_keys=True)
+    token = opts.token and __import__("hashlib").sha256(opts.token.encode()).hexdigest()
+    check = json.dumps([getattr(opts, name) for name in CHECK_OPTIONS] + [
+        environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+                                     ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
     name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, opts.model or ""))
     return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
 
 
 def read_state(path):
-    """The state dict saved at path, or {} when there is none or it is bad."""
+    """The state saved at path, or {} when there is none or it is not what
+    this script writes (wrong types count as none)."""
     try:
         doc = json.loads(read_small_file(path, MAX_CONFIG).decode("utf-8"))
     except (OSError, ValueError):
         return {}
-    return doc if isinstance(doc, dict) else {}
+    if not isinstance(doc, dict):
+        return {}
+    for key, kinds in (("time", (int, float)), ("code", int), ("skips", int),
+                       ("logged", int)):
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)
+                                  or not -1e12 < value < 1e12):
+            return {}
+    return doc
 
 
 def write_atomic(path, data, mode):
@@ -2084,22 +2112,27 @@ def write_atomic(path, data, mode):
 
 class Shared(object):
     """--share-result, --log-changes-only and the skip count: one state file
-    per check in the state directory, and a flight lock beside it."""
+    per check in the state directory, and a flight lock beside it.
+
+    The state holds the last check's verdict (time, code, stage, reason,
+    model, pid: what --share-result reuses), the checks in a row that were
+    not ready (skips), and the code last written to syslog (logged).
+    """
 
     def __init__(self, opts, environ):
         self.opts = opts
-        self.base = os.path.join(state_dir(opts, environ), state_key(opts))
+        self.base = os.path.join(state_dir(opts, environ), state_key(opts, environ))
         self.previous = read_state(self.base + ".json")
         self.flight = None          # descriptor holding the flight lock
 
-    def reusable(self, run, since):
-        """A verdict to reuse: ready and young enough, or (when since is
-        given) any verdict written after since, by the check we waited for."""
+    def reusable(self, since):
+        """A verdict to reuse: ready and younger than --share-result, or
+        (since given) any check's verdict written after since."""
         state = self.previous
-        age = time.time() - state.get("time", 0)
-        if not isinstance(state.get("code"), int) or not 0 <= age:
+        if not isinstance(state.get("code"), int) or "time" not in state:
             return None
-        if state["code"] == EX_OK and age < (self.opts.share_result or 0):
+        age = time.time() - state["time"]
+        if state["code"] == EX_OK and 0 <= age < self.opts.share_result:
             return state
         if since is not None and state["time"] >= since:
             return state
@@ -2107,10 +2140,11 @@ class Shared(object):
 
     def fly(self, run):
         """Take the flight lock, waiting (to the deadline) while another
-        caller checks; returns the verdict it left, or None: check yourself."""
+        caller checks, then look at the state again: returns a verdict to
+        reuse, or None when this caller is to check."""
         import fcntl
         fd = open_no_follow(self.base + ".lock", 0o600)
-        since = time.time()
+        since, waited = time.time(), False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -2120,25 +2154,32 @@ class Shared(object):
                     os.close(fd)
                     raise Fail(EX_TEMPFAIL, "deadline of %gs reached waiting for "
                                "another caller's check" % run.opts.deadline, "shared")
+                waited = True
                 time.sleep(FLIGHT_POLL)
         self.flight = fd
-        if since + FLIGHT_POLL < time.time():   # we waited: the verdict is new
-            self.previous = read_state(self.base + ".json")
-            return self.reusable(run, since)
-        return None
+        self.previous = read_state(self.base + ".json")
+        return self.reusable(since if waited else None)
 
-    def save(self, run, reused):
-        """Record this run's verdict and skip count; release the flight."""
-        skips = 0 if run.code == EX_OK else self.previous.get("skips", 0) + 1
-        if not reused:
-            state = {"time": time.time(), "code": run.code, "stage": run.stage,
-                     "reason": run.reason, "model": run.model, "pid": os.getpid(),
-                     "skips": skips}
-            write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
-        if self.flight is not None:
-            os.close(self.flight)
-            self.flight = None
-        return skips
+    def save(self, run):
+        """Record this run (a check's verdict, the skip count, what was
+        logged) and release the flight lock; returns the skip count."""
+        state = dict(self.previous)
+        checked = run.reused is None and run.stage not in NOT_A_CHECK \
+            and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
+        if checked:
+            state.update(time=time.time(), code=run.code, stage=run.stage,
+                         reason=run.reason, model=run.model, pid=os.getpid(),
+                         skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
+        if not run.unchanged:
+            state["logged"] = run.code
+        try:
+            if state != self.previous:
+                write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
+        finally:
+            if self.flight is not None:
+                os.close(self.flight)
+                self.flight = None
+        return state.get("skips", 0)
 
 
 def metrics_text(run, skips, now):
@@ -2147,7 +2188,7 @@ def metrics_text(run, skips, now):
     def label(value):
         return str(value or "").replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
-    labels = 'host="%s",model="%s"' % (label(run.opts.host), label(run.model))
+    labels = 'host="%s",model="%s"' % (label(run.opts.host), label(run.opts.model))
     families = [
         ("ready", "1 when the last check found the service ready, else 0",
          [("", int(run.code == EX_OK))]),
@@ -2169,35 +2210,47 @@ def metrics_text(run, skips, now):
     return "\n".join(lines) + "\n"
 
 
-def exec_job(path, argv, lock_fd):
-    """Become the job: signals back to their defaults (Python ignores SIGPIPE
-    and SIGXFSZ), the GPU lock inherited. Returns (status, why) on failure."""
+def exec_job(path, argv, lock_fd, inherited):
+    """Become the job: the GPU lock inherited, SIGINT and SIGTERM as this
+    process found them, SIGPIPE and SIGXFSZ back to default (Python ignores
+    them). A file without #! runs under /bin/sh, as execvp does. Returns
+    (status, why) only when that fails."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(signum, signal.SIG_DFL)
+        keep = inherited.get(signum) is signal.SIG_IGN
+        signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
     if lock_fd is not None:
         os.set_inheritable(lock_fd, True)
     try:
-        sys.stdout.flush()
-        os.execv(path, argv)
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        try:
+            os.execv(path, argv)
+        except OSError as exc:
+            if exc.errno != errno.ENOEXEC:
+                raise
+            os.execv("/bin/sh", ["/bin/sh", path] + argv[1:])
     except OSError as exc:
         return (EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC,
-                "%s: %s" % (sanitise(path), exc.strerror))
+                "cannot run %s: %s" % (sanitise(path), exc.strerror))
 
 
 def keep_state(run, shared):
-    """After the verdict: the shared state, the skip count, the metrics file,
-    and whether the verdict is worth a log line (--log-changes-only)."""
+    """After the verdict: whether it is worth a log line (--log-changes-only),
+    the state (shared verdict, skip count), and the metrics file."""
     opts, skips = run.opts, None
     if shared is not None:
         before = shared.previous
+        if run.code == EX_OK and before.get("skips") and not run.reused:
+            run.notes.append("recovered after %d skips" % before["skips"])
+        run.unchanged = bool(opts.log_changes_only) and before.get("logged") == run.code
         try:
-            skips = shared.save(run, run.reused is not None)
+            skips = shared.save(run)
         except OSError as exc:
             run.problems.append("state not saved: %s" % (exc.strerror or exc))
-        if run.code == EX_OK and before.get("skips"):
-            run.notes.append("recovered after %d skips" % before["skips"])
-        run.unchanged = opts.log_changes_only and before.get("code") == run.code
-    if opts.metrics_file:
+    if opts.metrics_file and run.stage != "lock":   # a lock held: the job runs
         text = metrics_text(run, skips if skips is not None else int(run.code != EX_OK),
                             time.time())
         try:
@@ -2388,8 +2441,8 @@ def report(run):
         if run.trace and opts.debug:
             sys.stderr.write(hide(run.trace))
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass    # a closed stdout or stderr must not change the verdict
+    except (OSError, ValueError, AttributeError):
+        pass    # a closed stdout or stderr (None) must not change the verdict
 
 
 def _isatty(stream):
@@ -2432,21 +2485,23 @@ def main(argv=None, started=None):
         run = Run(opts, started)
         lock_fd = shared = path = None
         try:
-            if problem:
-                raise Fail(EX_CONFIG, problem, "config")
-            opts.token = read_token(opts, os.environ)
-            opts.tls_context = tls_context(opts)
+            try:
+                if problem:
+                    raise Fail(EX_CONFIG, problem, "config")
+                opts.token = read_token(opts, os.environ)
+                opts.tls_context = tls_context(opts)
+            finally:                # state even for a configuration error
+                if opts.share_result or opts.metrics_file or opts.log_changes_only:
+                    try:
+                        shared = Shared(opts, os.environ)
+                    except OSError as exc:
+                        run.problems.append("state not kept: %s" % (exc.strerror or exc))
             if command:
                 path, failure = find_command(command[0], os.environ)
                 if failure:
                     raise Fail(failure[0], failure[1], "command")
             if opts.lock:
                 lock_fd = take_lock(opts.lock)
-            if opts.share_result or opts.metrics_file or opts.log_changes_only:
-                try:
-                    shared = Shared(opts, os.environ)
-                except OSError as exc:
-                    run.problems.append("state not kept: %s" % (exc.strerror or exc))
             run = check_until_ready(run, shared)
         except Fail as exc:
             run.decide(exc.code, exc.stage, exc.reason)
@@ -2460,15 +2515,21 @@ def main(argv=None, started=None):
             run.trace = _traceback()
             run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
                        % (type(exc).__name__, sanitise(exc)))
-        _set_signals(signal.SIG_IGN)
+        late = []                   # a signal now must not be lost, nor cut the report
+        _set_signals(lambda signum, frame: late.append(signum))
         kill_probes(run)
         keep_state(run, shared)
         report(run)
-        if command and run.code == EX_OK:
-            code, why = exec_job(path, command, lock_fd)
-            sys.stderr.write("%s: cannot run %s\n" % (PROG, why))
-            return code
-        return run.code
+        if late:                    # after a ready verdict: the job must not start
+            code, why = 128 + late[0], "interrupted by %s after the verdict" % (
+                signal.Signals(late[0]).name)
+        elif command and run.code == EX_OK:
+            code, why = exec_job(path, command, lock_fd, previous)
+        else:
+            return run.code
+        run.code, run.stage, run.reason, run.notes = code, "command", why, []
+        report(run)                 # a second line: the job did not start
+        return code
     except Interrupted as exc:      # while parsing, before a run existed
         return 128 + exc.signum
     except Exception as exc:        # a bug before a run existed

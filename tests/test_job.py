@@ -31,12 +31,13 @@ class JobCase(ContractCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
-    def start(self, args, env=None):
+    def start(self, args, env=None, umask=0o022):
         """The script as a cron job in the background: a Popen."""
         return subprocess.Popen(
             [sys.executable, support.SCRIPT, "--syslog-address", self.sink.path] + args,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env or support.cron_env(), cwd="/", start_new_session=True)
+            env=env or support.cron_env(), cwd="/", start_new_session=True,
+            preexec_fn=lambda: os.umask(umask))
 
     def finish(self, proc, timeout=30):
         out, err = proc.communicate(timeout=timeout)
@@ -47,19 +48,30 @@ class RunTheJobTest(JobCase):
     def test_ready_execs_the_job_with_its_pid_status_and_default_signals(self):
         emu = self.emulator()
         proc = self.start(["--host", emu.url, "--", "/bin/sh", "-c",
-                           'echo "$$"; grep -E "^Sig(Ign|Blk)" /proc/$$/status; '
-                           'ls /proc/$$/fd; exit 7'])
+                           'echo "$$"; ls /proc/$$/fd; '
+                           'exec grep -E "^Sig(Ign|Blk)" /proc/self/status'])
         code, out, err = self.finish(proc)
-        self.assertEqual((code, err), (7, ""), out)
-        lines = out.split("\n")
+        self.assertEqual((code, err), (0, ""), out)
+        lines = out.split("\n")[:-1]
         self.assertEqual(lines[0], str(proc.pid), "the job must be the same process")
-        self.assertEqual(sorted(lines[1:3]), ["SigBlk:\t0000000000000000",
+        self.assertEqual(sorted(lines[-2:]), ["SigBlk:\t0000000000000000",
                                               "SigIgn:\t0000000000000000"],
                          "signals (SIGPIPE, SIGINT) left ignored or blocked for the job")
-        self.assertEqual(sorted(lines[3:-1], key=int), ["0", "1", "2"],
+        self.assertEqual(sorted(lines[1:-2], key=int), ["0", "1", "2"],
                          "a descriptor of the preflight leaked into the job")
         priority, fields = self.log()
         self.assertEqual(fields["result"], "ready")
+        res = self.run_gp(["--host", emu.url, "--", "/bin/sh", "-c", "exit 7"])
+        self.assertEqual(res.code, 7, res)
+
+    def test_a_script_without_shebang_runs_under_sh(self):
+        emu = self.emulator()
+        script = self.path("job")
+        with open(script, "w") as handle:
+            handle.write("echo ran-by-sh\n")
+        os.chmod(script, 0o755)
+        res = self.run_gp(["--host", emu.url, "--", script])
+        self.assertEqual((res.code, res.stdout), (0, "ran-by-sh\n"), res)
 
     def test_signals_go_to_the_job(self):
         emu = self.emulator()
@@ -158,10 +170,31 @@ class LockTest(JobCase):
     def test_lock_mode_ignores_the_umask(self):
         emu = self.emulator()
         lock = self.path("gpu.lock")
-        res = support.run_script(["--host", emu.url, "--no-syslog", "--lock", lock, "--",
-                                  "/bin/true"], env=support.cron_env())
-        self.assertEqual(res.code, 0, res)
+        proc = self.start(["--host", emu.url, "--no-syslog", "--lock", lock, "--",
+                           "/bin/true"], umask=0o077)
+        self.assertEqual(self.finish(proc)[0], 0)
         self.assertEqual(stat.S_IMODE(os.lstat(lock).st_mode), 0o644)
+
+    def test_lock_conflicts_are_logged_once_with_log_changes_only(self):
+        emu = self.emulator()
+        lock = self.path("gpu.lock")
+        args = ["--host", emu.url, "--lock", lock, "--state-dir", self.state,
+                "--log-changes-only", "--metrics-file", self.path("m.prom")]
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(len(self.sink.messages()), 1)
+        job = self.start(args + ["--", "/bin/sleep", "3"])
+        time.sleep(1.0)
+        self.sink.messages(wait=0.2)
+        with open(self.path("m.prom")) as handle:
+            before = handle.read()
+        for _ in range(2):
+            self.assertEqual(self.run_gp(args).code, 75)
+        lines = self.sink.messages(wait=0.3)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("locked by another job", lines[0])
+        with open(self.path("m.prom")) as handle:
+            self.assertEqual(handle.read(), before, "a lock conflict rewrote the metrics")
+        self.assertEqual(self.finish(job)[0], 0)
 
 
 class WaitTest(JobCase):
@@ -185,8 +218,10 @@ class WaitTest(JobCase):
                            "--deadline", "4"])
         self.assertEqual(res.code, 75, res)
         self.assertLess(res.elapsed, 4 + SLACK)
-        self.assertGreaterEqual(res.elapsed, 3.5)
+        self.assertGreaterEqual(res.elapsed, 2.5)
         self.assertGreaterEqual(len(emu.requests), 2, "one request per attempt, afresh")
+        self.assertIn("timed out after 1s", self.log()[1]["reason"],
+                      "the last attempt must keep its own reason, not a deadline note")
 
     def test_wait_does_not_retry_a_configuration_error(self):
         emu = self.emulator()
@@ -242,6 +277,46 @@ class ShareResultTest(JobCase):
         self.assertEqual(self.run_gp(args).code, 0)
         self.assertGreater(len(emu.requests), sent)
 
+    def test_jitter_keeps_a_single_warmup(self):
+        emu = self.emulator(mode="cold", load_seconds=1.0)
+        results = self.crowd(self.shared(emu, "--timeout", "10", "--jitter", "2"), n=10)
+        self.assertEqual([r[0] for r in results], [0] * 10, results)
+        self.assertEqual(emu.count("POST", "/api/generate"), 1)
+
+    def test_a_waiter_with_wait_time_checks_again_after_a_failure(self):
+        port = free_port()
+        hang = Emulator(mode="hang", port=port).start()
+        healthy = Emulator(port=port)
+        self.addCleanup(healthy.stop)
+        self.addCleanup(hang.stop)
+        args = ["--host", "127.0.0.1:%d" % port, "--share-result", "60",
+                "--state-dir", self.state, "--timeout", "1.5"]
+        first = self.start(args + ["--no-syslog"])
+        time.sleep(0.5)
+        waiter = self.start(args + ["--wait", "20", "--json"])
+        self.assertEqual(self.finish(first)[0], 75)
+        hang.stop()
+        healthy.start()
+        code, out, err = self.finish(waiter)
+        self.assertEqual(code, 0, (out, err))
+        self.assertFalse(json.loads(out)["reused"], "the waiter took the failure")
+
+    def test_a_state_file_of_wrong_types_is_ignored(self):
+        emu = self.emulator()
+        args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "60",
+                "--log-changes-only"]
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.log()
+        (name,) = [n for n in os.listdir(self.state) if n.endswith(".json")]
+        for bad in ('{"skips": "3", "code": 0, "time": 1}', '{"code": false, "time": 1}',
+                    '{"time": "yesterday", "code": 0}', '[1, 2]', 'garbage'):
+            with self.subTest(state=bad):
+                with open(os.path.join(self.state, name), "w") as handle:
+                    handle.write(bad)
+                res = self.run_gp(args)
+                self.assertEqual((res.code, res.stderr), (0, ""), res)
+                self.assertNotEqual(self.log()[1].get("shared"), "reused")
+
     def test_a_failure_is_not_reused_by_a_later_caller(self):
         emu = self.emulator(mode="busy")
         args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "60",
@@ -290,6 +365,27 @@ class LogChangesOnlyTest(JobCase):
         self.assertIn("recovered after 2 skips", self.log()[1]["reason"])
 
 
+class LogChangesAfterConfigErrorTest(JobCase):
+    def test_the_first_good_run_after_a_config_error_is_logged(self):
+        emu = self.emulator()
+        conf = self.path("gp.conf")
+        args = ["--host", emu.url, "--state-dir", self.state, "--log-changes-only",
+                "--config", conf]
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(len(self.sink.messages()), 1)
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\ntimeout = soon\n")
+        for _ in range(2):
+            self.assertEqual(self.run_gp(args).code, 78)
+        self.assertEqual(len(self.sink.messages()), 1, "an unchanged error logged twice")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(self.log()[1]["result"], "ready")
+
+
 #: One sample line of the text format: name{labels} value (no timestamp).
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="'
                      r'(?:[^"\\\n]|\\[\\"n])*",?)*)\} (\S+)$')
@@ -334,12 +430,11 @@ class MetricsTest(JobCase):
             "gpu_preflight_" + n for n in ("ready", "last_run_timestamp_seconds",
                                            "exit_code", "stage_duration_seconds",
                                            "consecutive_skips")))
-        labels = 'host="%s",model="llama3.2:latest"' % emu.url
+        labels = 'host="%s",model=""' % emu.url
         self.assertEqual(families["gpu_preflight_ready"], [(labels, "1")])
         stages = [l for l, _ in families["gpu_preflight_stage_duration_seconds"]]
         self.assertEqual(stages, [labels + ',stage="%s"' % s
                                   for s in ("tags", "loaded", "warmup", "placement")])
-        self.check_with_prometheus_client(text)
 
         refused = "127.0.0.1:%d" % free_port()
         for skips in (1, 2):
@@ -352,6 +447,28 @@ class MetricsTest(JobCase):
         self.assertNotEqual(os.stat(metrics).st_ino, first.st_ino, "not replaced by rename")
         self.assertEqual(sorted(os.listdir(self.dir)), ["gpu.prom", "state"],
                          "temporary files left behind")
+
+    def test_labels_are_the_configured_model_whatever_the_verdict(self):
+        metrics = self.path("gpu.prom")
+        emu = self.emulator()
+        for host, code in ((emu.url, 0), ("127.0.0.1:%d" % free_port(), 69)):
+            proc = self.start(["--host", host, "--model", "llama3.2", "--metrics-file",
+                               metrics, "--state-dir", self.state], umask=0o077)
+            self.assertEqual(self.finish(proc)[0], code)
+            self.assertEqual(stat.S_IMODE(os.stat(metrics).st_mode), 0o644)
+            with open(metrics) as handle:
+                families = strict_parse(handle.read())
+            self.assertTrue(families["gpu_preflight_ready"][0][0].endswith(
+                ',model="llama3.2"'), families)
+
+    def test_prometheus_own_parser_accepts_the_file(self):
+        metrics = self.path("gpu.prom")
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--metrics-file", metrics, "--no-syslog",
+                           "--state-dir", self.state])
+        self.assertEqual(res.code, 0, res)
+        with open(metrics) as handle:
+            self.check_with_prometheus_client(handle.read())
 
     def test_metrics_file_in_a_missing_directory_is_reported_not_fatal(self):
         emu = self.emulator()
