@@ -2008,10 +2008,10 @@ def open_no_follow(path, mode=0o644):
     """A descriptor of a regular file, created with mode when missing; a
     symlink at path is never followed (raises OSError, ELOOP)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)  # novermin
         os.fchmod(fd, mode)         # not narrowed by the umask
     except FileExistsError:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # novermin
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(0, "not a regular file")
@@ -2031,7 +2031,7 @@ def take_lock(path):
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
         raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
     except OSError:
         os.close(fd)
         raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
@@ -2096,7 +2096,7 @@ def write_atomic(path, data, mode):
     """Replace path with data: a temporary file beside it, then rename."""
     tmp = os.path.join(os.path.dirname(path) or ".", ".%s.%d.tmp"
                        % (os.path.basename(path), os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)  # novermin
     try:
         try:
             os.fchmod(fd, mode)     # not narrowed by the umask
@@ -2147,7 +2147,7 @@ class Shared(object):
         since, waited = time.time(), False
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
                 break
             except OSError:
                 if time.monotonic() + FLIGHT_POLL >= run.deadline_at:

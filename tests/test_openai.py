@@ -67,7 +67,7 @@ class ServersTest(OpenAICase):
                 posts = [r for r in emu.requests if r["method"] == "POST"]
                 self.assertEqual(len(posts), 1)
                 self.assertEqual(posts[0]["path"], "/v1/completions")
-                self.assertEqual(json.loads(posts[0]["body"].decode()), {
+                self.assertEqual(json.loads(posts[0]["body"]), {
                     "model": "qwen2.5-0.5b", "prompt": "test", "max_tokens": 1,
                     "stream": False})
 
