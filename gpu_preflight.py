@@ -108,8 +108,9 @@ DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 #: (it started with the run, and never runs past the deadline).
 SYSLOG_DNS_WAIT = 0.2
 
-#: --wait: the first pause between attempts, doubled up to the last (seconds).
-WAIT_FIRST, WAIT_MOST = 1.0, 15.0
+#: --wait: the first pause between attempts, doubled up to the last, and the
+#: time beyond a whole --timeout that a retry must have before the deadline.
+WAIT_FIRST, WAIT_MOST, RETRY_MARGIN = 1.0, 15.0, 0.25
 
 #: How often a caller waiting for another's check (--share-result) looks.
 FLIGHT_POLL = 0.02
@@ -1981,7 +1982,7 @@ def retry_time(run):
     must have a whole --timeout before the deadline, or it is not made."""
     opts = run.opts
     return min(run.started + (opts.wait or 0) - time.monotonic(),
-               run.deadline_at - time.monotonic() - opts.timeout)
+               run.deadline_at - time.monotonic() - opts.timeout - RETRY_MARGIN)
 
 
 def _random():

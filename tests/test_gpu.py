@@ -291,8 +291,9 @@ class NvmlTest(GpuCase):
         for mode in ("hang", "hang_device"):
             with self.subTest(mode=mode):
                 self.sink.messages(wait=0.01)
-                res, doc = self.nvml(mode=mode)
-                self.assertVerdict(res, doc, 75, "GPU probe hung: NVML did not answer")
+                res, doc = self.nvml(["--gpu-timeout", "1"], mode=mode)
+                self.assertVerdict(res, doc, 75, "GPU probe hung: NVML did not answer "
+                                   "within 1s")
 
     def test_old_driver_without_v2_symbols_uses_v1(self):
         res, doc = self.nvml(["--max-procs", "0"], mode="busy", lib=self.old_lib)
@@ -385,7 +386,7 @@ class SmiTest(GpuCase):
         self.assertVerdict(res, doc, 69, "versions differ (nvidia-smi: Failed to initialize")
 
     def test_hang_is_75_inside_the_deadline_and_killed(self):
-        res, doc = self.smi(mode="hang")
+        res, doc = self.smi(["--gpu-timeout", "1"], mode="hang")
         self.assertVerdict(res, doc, 75, "GPU probe hung: nvidia-smi did not answer")
 
     def test_not_installed_is_69(self):
