@@ -29,21 +29,17 @@ Import:   from ollama_emu import Emulator;  emu = Emulator(mode="busy").start()
 Standard library only, CPython 3.6+.
 """
 
-import argparse
 import datetime
 import email.utils
 import hashlib
 import json
 import re
-import select
-import signal
-import socket
-import socketserver
 import sys
-import threading
 import time
 from http.client import responses as _REASONS
-from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from emu_base import HTTPEmulator, cli_parser, serve_until_signalled
+from emu_base import free_port  # noqa: F401  (the tests import it from here)
 
 MODES = (
     ("healthy", "faithful Ollama (default)"),
@@ -109,16 +105,6 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, u"\u00b5s": 1e-6, u"\u03bcs": 1e-6, "ms": 1e-3
 
 
 # ---------------------------------------------------------------- helpers
-
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on (for connection-refused tests)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-    finally:
-        sock.close()
-
 
 def _dumps(obj):
     """Compact JSON bytes as Go's json.Marshal writes them (<, >, & escaped)."""
@@ -378,82 +364,9 @@ _FIXED_REPLIES = {
 }
 
 
-# ---------------------------------------------------------------- HTTP plumbing
-
-class _Server(socketserver.ThreadingMixIn, HTTPServer):
-    daemon_threads = True
-    block_on_close = False           # 3.7+: never join handler threads in server_close()
-    request_queue_size = 64
-
-    def server_bind(self):           # skip HTTPServer's getfqdn() (a DNS look-up)
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-    def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], OSError):
-            HTTPServer.handle_error(self, request, client_address)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def setup(self):
-        BaseHTTPRequestHandler.setup(self)
-        self.server.emu._track(self.connection, True)
-
-    def handle(self):
-        try:
-            BaseHTTPRequestHandler.handle(self)
-        except (OSError, ValueError):
-            pass
-
-    def finish(self):
-        try:
-            BaseHTTPRequestHandler.finish(self)
-        except (OSError, ValueError):
-            pass
-        self.server.emu._track(self.connection, False)
-
-    def _read_body(self):              # Content-Length bodies only (what urllib sends)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = 0
-        return self.rfile.read(length) if length > 0 else b""
-
-    def _dispatch(self):
-        self.close_connection = True
-        self.server.emu._serve(self, self.command, self.path.split("?", 1)[0], self._read_body())
-
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _dispatch
-
-    def client_gone(self, timeout):
-        """Wait up to timeout; True when the client has closed its side."""
-        try:
-            readable = select.select([self.connection], [], [], timeout)[0]
-            if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
-                return True
-            if readable:                     # data, not EOF: do not spin
-                time.sleep(timeout)
-            return False
-        except (OSError, ValueError):
-            return True
-
-    def send(self, reply):
-        for piece in _pieces(reply, self.command == "HEAD", self.request_version == "HTTP/1.0"):
-            self.wfile.write(piece)
-
-
 # ---------------------------------------------------------------- the emulator
 
-class Emulator(object):
+class Emulator(HTTPEmulator):
     """An Ollama look-alike on a loopback port. See the module docstring for the modes."""
 
     def __init__(self, mode="healthy", models=("llama3.2:latest",), loaded=None,
@@ -461,78 +374,24 @@ class Emulator(object):
                  size=2019393189, version="0.32.15"):
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
-        self.mode, self.fault_on, self.host, self.port = mode, fault_on, host, port
+        HTTPEmulator.__init__(self, mode, fault_on, host, port, load_seconds)
         self.models, self.size, self.version = tuple(models), size, version
-        self.load_seconds = float(load_seconds)
-        self.trickle_interval = 2.0
-        self.huge_size = 100 * 1000 * 1000
-        self.requests = []
         if mode == "cold":
             loaded = ()
         self.loaded = set(self._resolve(n) or n for n in
                           (self.models[:1] if loaded is None else loaded))
-        self.url = None
         self._modified = _rfc3339(_local_now())
         self._keep = {}                # model -> keep_alive seconds
         self._loading = {}             # model -> {"deadline": t, "waiters": n}
-        self._conns = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._server = self._thread = None
-        self._started_at = None
-
-    # -- lifecycle
-
-    def start(self):
-        if self._server is not None:
-            return self
-        cls = _Server6 if ":" in self.host else _Server
-        self._server = cls((self.host, self.port), _Handler)
-        self._server.emu = self
-        self.port = self._server.server_address[1]
-        shown = "[%s]" % self.host if ":" in self.host else self.host
-        self.url = "http://%s:%d" % (shown, self.port)
-        self._started_at = time.time()
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.05})
-        self._thread.daemon = True
-        self._thread.start()
-        return self
-
-    def stop(self):
-        with self._lock:
-            server, self._server = self._server, None
-            conns = list(self._conns)
-        if server is None:
-            return
-        self._stop.set()
-        server.shutdown()
-        server.server_close()
-        for conn in conns:               # wake handlers blocked in send/recv
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._thread.join(1.0)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
 
     def count(self, method, path):
         with self._lock:
             return sum(1 for r in self.requests if r[0] == method and r[1] == path)
 
-    def _track(self, conn, add):
-        with self._lock:
-            (self._conns.add if add else self._conns.discard)(conn)
+    # -- per-request entry point (HTTPEmulator._serve calls these)
 
-    # -- per-request entry point
-
-    def _serve(self, h, method, path, body):
+    def _record(self, h, method, path, target, body):
+        """Log (method, path, parsed JSON body or None, headers); the time it came is t0."""
         t0 = time.time()
         try:
             parsed = json.loads(body.decode("utf-8", "replace")) if body else None
@@ -540,11 +399,16 @@ class Emulator(object):
             parsed = None
         with self._lock:
             self.requests.append((method, path, parsed, _Headers(h.headers.items())))
-        mode = self.mode if self.fault_on in ("all", path) else "healthy"
-        try:
-            self._serve_mode(h, method, path, body, mode, t0)
-        except (OSError, ValueError):
-            pass                          # the client went away, or stop() cut the socket
+        return t0
+
+    def _pieces(self, reply, head_only, http10):
+        return _pieces(reply, head_only, http10)
+
+    def _huge_parts(self):
+        return b'{"models":[', b'{"name":"x"},', b'{"name":"x"}]}'
+
+    def _huge_head(self, length):
+        return _head(200, JSON_CT, length)
 
     def _serve_mode(self, h, method, path, body, mode, t0):
         if mode == "slow_start":
@@ -553,9 +417,7 @@ class Emulator(object):
                 return
             mode = "healthy"
         if mode == "hang":
-            while not self._stop.is_set() and not h.client_gone(0.1):
-                pass
-            return
+            return self._hang(h)
         if mode in _FIXED_REPLIES:
             return h.send(_FIXED_REPLIES[mode])
         if mode == "huge":
@@ -564,33 +426,12 @@ class Emulator(object):
         if reply is None:
             return                        # cold load aborted: the client left
         if mode == "trickle":
-            data = b"".join(_pieces(reply, method == "HEAD", h.request_version == "HTTP/1.0"))
-            for i in range(len(data)):
-                h.wfile.write(data[i:i + 1])
-                if self._stop.wait(self.trickle_interval):
-                    return
+            self._trickle(h, reply)
         elif mode == "close_mid_body":
             body = reply.body if reply.lines is None else b"".join(reply.lines)
             h.wfile.write(_head(reply.status, reply.ctype, len(body)) + body[:10])
         else:
             h.send(reply)
-
-    def _send_huge(self, h):
-        prefix, item, last = b'{"models":[', b'{"name":"x"},', b'{"name":"x"}]}'
-        items = max(0, (self.huge_size - len(prefix) - len(last)) // len(item))
-        pad = max(0, self.huge_size - len(prefix) - len(last) - items * len(item))
-        h.wfile.write(_head(200, JSON_CT, len(prefix) + items * len(item) + len(last) + pad))
-        if h.command == "HEAD":
-            return
-        h.wfile.write(prefix)
-        block_items = 4096
-        block = item * block_items
-        while items > 0 and not self._stop.is_set():
-            n = min(block_items, items)
-            h.wfile.write(block if n == block_items else item * n)
-            items -= n
-        if not self._stop.is_set():
-            h.wfile.write(last + b" " * pad)
 
     # -- endpoints
 
@@ -752,11 +593,9 @@ class Emulator(object):
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    epilog = "modes:\n" + "\n".join("  %-15s %s" % m for m in MODES)
-    parser = argparse.ArgumentParser(
-        prog="ollama_emu.py", epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Loopback emulator of the Ollama HTTP API (for gpu_preflight tests).")
+    parser = cli_parser(
+        "ollama_emu.py", "Loopback emulator of the Ollama HTTP API (for gpu_preflight tests).",
+        MODES)
     parser.add_argument("--port", type=int, default=11434, help="TCP port (0: any free one)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--mode", default="healthy", choices=MODE_NAMES, metavar="MODE",
@@ -772,23 +611,9 @@ def main(argv=None):
     emu = Emulator(mode=args.mode, models=tuple(args.model or ("llama3.2:latest",)),
                    loaded=() if args.cold else None, load_seconds=args.load_seconds,
                    fault_on=args.fault_on, host=args.host, port=args.port)
-    done = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: done.set())
-    try:
-        emu.start()
-    except OSError as exc:
-        sys.stderr.write("ollama emulator: cannot listen on %s port %d: %s\n"
-                         % (args.host, args.port, exc))
-        return 1
-    sys.stdout.write("ollama emulator: %s mode=%s models=%s loaded=%s\n" % (
-        emu.url, emu.mode, ",".join(emu.models) or "none",
-        ",".join(sorted(emu.loaded)) or "none"))
-    sys.stdout.flush()
-    while not done.is_set():
-        done.wait(0.2)
-    emu.stop()
-    return 0
+    details = "mode=%s models=%s loaded=%s" % (
+        emu.mode, ",".join(emu.models) or "none", ",".join(sorted(emu.loaded)) or "none")
+    return serve_until_signalled(emu, "ollama emulator", "cannot listen on", details)
 
 
 if __name__ == "__main__":

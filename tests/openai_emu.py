@@ -54,19 +54,15 @@ Import:   from openai_emu import OpenAIEmulator
 Standard library only, CPython 3.6+.
 """
 
-import argparse
 import email.utils
 import json
-import select
-import signal
-import socket
-import socketserver
 import sys
-import threading
 import time
 import uuid
 from http.client import responses as _REASONS
-from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from emu_base import Handler, HTTPEmulator, cli_parser, serve_until_signalled
+from emu_base import free_port  # noqa: F401  (public here before emu_base existed)
 
 FLAVOURS = ("vllm", "llamacpp")
 DEFAULT_PORTS = {"vllm": 8000, "llamacpp": 8080}
@@ -119,16 +115,6 @@ _LLAMA_INDEX = (b"<!doctype html><html><head><meta charset=\"utf-8\"><title>llam
 
 
 # ---------------------------------------------------------------- helpers
-
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on (for connection-refused tests)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-    finally:
-        sock.close()
-
 
 def _vllm_dumps(obj):
     """Starlette JSONResponse.render: compact, UTF-8, key order kept."""
@@ -213,46 +199,8 @@ def _pieces(flavour, reply, head_only=False, http10=False):
 
 # ---------------------------------------------------------------- HTTP plumbing
 
-class _Server(socketserver.ThreadingMixIn, HTTPServer):
-    daemon_threads = True
-    block_on_close = False           # 3.7+: never join handler threads in server_close()
-    request_queue_size = 64
-
-    def server_bind(self):           # skip HTTPServer's getfqdn() (a DNS look-up)
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-    def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], OSError):
-            HTTPServer.handle_error(self, request, client_address)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def setup(self):
-        BaseHTTPRequestHandler.setup(self)
-        self.server.emu._track(self.connection, True)
-
-    def handle(self):
-        try:
-            BaseHTTPRequestHandler.handle(self)
-        except (OSError, ValueError):
-            pass
-
-    def finish(self):
-        try:
-            BaseHTTPRequestHandler.finish(self)
-        except (OSError, ValueError):
-            pass
-        self.server.emu._track(self.connection, False)
+class _Handler(Handler):
+    """emu_base.Handler, also reading chunked request bodies (as uvicorn and cpp-httplib do)."""
 
     def _read_body(self):
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
@@ -269,40 +217,15 @@ class _Handler(BaseHTTPRequestHandler):
                     return b"".join(parts)
                 parts.append(self.rfile.read(size))
                 self.rfile.readline(65537)
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = 0
-        return self.rfile.read(length) if length > 0 else b""
-
-    def _dispatch(self):
-        self.close_connection = True
-        self.server.emu._serve(self, self.command, self.path, self._read_body())
-
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _dispatch
-
-    def client_gone(self, timeout):
-        """Wait up to timeout; True when the client has closed its side."""
-        try:
-            readable = select.select([self.connection], [], [], timeout)[0]
-            if readable and self.connection.recv(1, socket.MSG_PEEK) == b"":
-                return True
-            if readable:                     # data, not EOF: do not spin
-                time.sleep(timeout)
-            return False
-        except (OSError, ValueError):
-            return True
-
-    def send(self, flavour, reply):
-        for piece in _pieces(flavour, reply, self.command == "HEAD",
-                             self.request_version == "HTTP/1.0"):
-            self.wfile.write(piece)
+        return Handler._read_body(self)
 
 
 # ---------------------------------------------------------------- the emulator
 
-class OpenAIEmulator(object):
+class OpenAIEmulator(HTTPEmulator):
     """A vLLM or llama-server look-alike on a loopback port. See the module docstring."""
+
+    handler = _Handler
 
     def __init__(self, flavour="vllm", mode="healthy", models=("qwen2.5-0.5b",),
                  load_seconds=0.0, token=None, host="127.0.0.1", port=None,
@@ -311,93 +234,21 @@ class OpenAIEmulator(object):
             raise ValueError("unknown flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
-        self.flavour, self.mode, self.fault_on = flavour, mode, fault_on
+        HTTPEmulator.__init__(self, mode, fault_on, host, port or 0, load_seconds)
+        self.flavour = flavour
         self.models = tuple(models)
-        self.load_seconds = float(load_seconds)
         self.token = token
-        self.host, self.port = host, port or 0
         self.max_model_len = max_model_len
         self.version = VLLM_VERSION
-        self.trickle_interval = 2.0
-        self.huge_size = 100 * 1000 * 1000
         self.redirect_to = REDIRECT_TO
-        self.requests = []
-        self.url = None
-        self._conns = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._server = self._thread = None
-        self._serving = False
-        self._started_at = None
 
-    # -- lifecycle
-
-    def start(self):
-        """Bind now; listen now, or (vllm, mode loading) only after load_seconds."""
-        if self._server is not None:
-            return self
-        cls = _Server6 if ":" in self.host else _Server
-        server = cls((self.host, self.port), _Handler, bind_and_activate=False)
-        server.emu = self
-        try:
-            server.server_bind()
-            delay = self._listen_delay()
-            if delay <= 0:
-                server.server_activate()
-        except BaseException:
-            server.server_close()
-            raise
-        self._server = server
-        self.port = server.server_address[1]
-        shown = "[%s]" % self.host if ":" in self.host else self.host
-        self.url = "http://%s:%d" % (shown, self.port)
-        self._started_at = time.time()
-        self._serving = delay <= 0
-        self._thread = threading.Thread(target=self._run, args=(server, delay))
-        self._thread.daemon = True
-        self._thread.start()
-        return self
+    # -- lifecycle (HTTPEmulator.start binds now, listens after _listen_delay())
 
     def _listen_delay(self):
+        """vllm in mode loading: bound but not listening (refused) for load_seconds."""
         if self.flavour == "vllm" and self.mode == "loading":
             return self.load_seconds
         return 0.0
-
-    def _run(self, server, delay):
-        if delay > 0:
-            if self._stop.wait(delay):
-                return
-            with self._lock:
-                if self._server is not server:
-                    return
-                server.server_activate()      # listen(): connections succeed from now
-                self._serving = True
-        server.serve_forever(poll_interval=0.05)
-
-    def stop(self):
-        with self._lock:
-            server, self._server = self._server, None
-            serving, self._serving = self._serving, False
-            conns = list(self._conns)
-        if server is None:
-            return
-        self._stop.set()
-        if serving:
-            server.shutdown()
-        server.server_close()
-        for conn in conns:               # wake handlers blocked in send/recv
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._thread.join(1.0)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
 
     @property
     def ready(self):
@@ -410,14 +261,10 @@ class OpenAIEmulator(object):
         with self._lock:
             return sum(1 for r in self.requests if r["method"] == method and r["path"] == path)
 
-    def _track(self, conn, add):
-        with self._lock:
-            (self._conns.add if add else self._conns.discard)(conn)
+    # -- per-request entry point (HTTPEmulator._serve calls these)
 
-    # -- per-request entry point
-
-    def _serve(self, h, method, target, body):
-        path = target.split("?", 1)[0]
+    def _record(self, h, method, path, target, body):
+        """Log the request (see the module docstring); its headers are the context."""
         headers = {}
         for name, value in h.headers.items():
             name = name.lower()
@@ -425,60 +272,38 @@ class OpenAIEmulator(object):
         with self._lock:
             self.requests.append({"method": method, "path": path, "target": target,
                                   "headers": headers, "body": body, "time": time.time()})
-        mode = self.mode if self.fault_on in ("all", path) else "healthy"
-        try:
-            self._serve_mode(h, method, path, headers, body, mode)
-        except (OSError, ValueError):
-            pass                          # the client went away, or stop() cut the socket
+        return headers
 
-    def _serve_mode(self, h, method, path, headers, body, mode):
+    def _pieces(self, reply, head_only, http10):
+        return _pieces(self.flavour, reply, head_only, http10)
+
+    def _huge_parts(self):
+        if self.flavour == "vllm":
+            return b'{"object":"list","data":[', b'{"id":"x"},', b'{"id":"x"}]}'
+        return b'{"data":[', b'{"id":"x"},', b'{"id":"x"}],"object":"list"}'
+
+    def _huge_head(self, length):
+        return _head(self.flavour, _Reply(200, b"", self._json_ct()), length)
+
+    def _serve_mode(self, h, method, path, body, mode, headers):
         if mode == "hang":
-            while not self._stop.is_set() and not h.client_gone(0.1):
-                pass
-            return
+            return self._hang(h)
         if mode == "redirect":
-            return h.send(self.flavour, _Reply(302, b"", None, [("Location", self.redirect_to)]))
+            return h.send(_Reply(302, b"", None, [("Location", self.redirect_to)]))
         if mode == "garbage":
-            return h.send(self.flavour, _Reply(200, b"<html>oops</html>", self._json_ct()))
+            return h.send(_Reply(200, b"<html>oops</html>", self._json_ct()))
         if mode == "huge":
             return self._send_huge(h)
         reply = self._route(method, path, headers, body, mode)
         if mode == "trickle":
-            data = b"".join(_pieces(self.flavour, reply, method == "HEAD",
-                                    h.request_version == "HTTP/1.0"))
-            for i in range(len(data)):
-                h.wfile.write(data[i:i + 1])
-                h.wfile.flush()
-                if self._stop.wait(self.trickle_interval):
-                    return
+            self._trickle(h, reply)
         elif mode == "close_mid_body":
             full = reply.body if reply.events is None else b"".join(reply.events)
             cut = b"" if method == "HEAD" else full[:min(10, max(0, len(full) - 1))]
             plain = _Reply(reply.status, full, reply.ctype, reply.headers)
             h.wfile.write(_head(self.flavour, plain, len(full)) + cut)
         else:
-            h.send(self.flavour, reply)
-
-    def _send_huge(self, h):
-        if self.flavour == "vllm":
-            prefix, item, last = b'{"object":"list","data":[', b'{"id":"x"},', b'{"id":"x"}]}'
-        else:
-            prefix, item, last = b'{"data":[', b'{"id":"x"},', b'{"id":"x"}],"object":"list"}'
-        items = max(0, (self.huge_size - len(prefix) - len(last)) // len(item))
-        pad = max(0, self.huge_size - len(prefix) - len(last) - items * len(item))
-        total = len(prefix) + items * len(item) + len(last) + pad
-        h.wfile.write(_head(self.flavour, _Reply(200, b"", self._json_ct()), total))
-        if h.command == "HEAD":
-            return
-        h.wfile.write(prefix)
-        block_items = 4096
-        block = item * block_items
-        while items > 0 and not self._stop.is_set():
-            n = min(block_items, items)
-            h.wfile.write(block if n == block_items else item * n)
-            items -= n
-        if not self._stop.is_set():
-            h.wfile.write(last + b" " * pad)
+            h.send(reply)
 
     def _json_ct(self):
         return VLLM_JSON if self.flavour == "vllm" else LLAMA_JSON
@@ -748,11 +573,9 @@ class OpenAIEmulator(object):
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    epilog = "modes:\n" + "\n".join("  %-15s %s" % m for m in MODES)
-    parser = argparse.ArgumentParser(
-        prog="openai_emu.py", epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Loopback emulator of vLLM / llama-server (for gpu_preflight tests).")
+    parser = cli_parser(
+        "openai_emu.py", "Loopback emulator of vLLM / llama-server (for gpu_preflight tests).",
+        MODES)
     parser.add_argument("--flavour", default="vllm", choices=FLAVOURS,
                         help="server to emulate (default vllm)")
     parser.add_argument("--port", type=int, default=None,
@@ -774,23 +597,10 @@ def main(argv=None):
                          models=tuple(args.model or ("qwen2.5-0.5b",)),
                          load_seconds=args.load_seconds, token=args.token,
                          host=args.host, port=port, fault_on=args.fault_on)
-    done = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: done.set())
-    try:
-        emu.start()
-    except OSError as exc:
-        sys.stderr.write("openai emulator: cannot bind %s port %d: %s\n"
-                         % (args.host, port, exc))
-        return 1
-    sys.stdout.write("openai emulator: %s flavour=%s mode=%s models=%s token=%s\n" % (
-        emu.url, emu.flavour, emu.mode, ",".join(emu.models) or "none",
-        "set" if emu.token is not None else "none"))
-    sys.stdout.flush()
-    while not done.is_set():
-        done.wait(0.2)
-    emu.stop()
-    return 0
+    details = "flavour=%s mode=%s models=%s token=%s" % (
+        emu.flavour, emu.mode, ",".join(emu.models) or "none",
+        "set" if emu.token is not None else "none")
+    return serve_until_signalled(emu, "openai emulator", "cannot bind", details)
 
 
 if __name__ == "__main__":

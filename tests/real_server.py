@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -65,19 +64,14 @@ INSTALL_CMAKE_ARGS = ("-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF "
                       "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF "
                       "-DLLAVA_BUILD=OFF")
 
+if TESTS not in sys.path:            # run from any cwd, or imported: emu_base is beside us
+    sys.path.insert(0, TESTS)
+from emu_base import free_port  # noqa: E402
+
 
 def say(msg):
     sys.stdout.write(msg + "\n")
     sys.stdout.flush()
-
-
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 def install(venv):

@@ -31,6 +31,8 @@ import ssl
 import subprocess
 import threading
 
+from emu_base import Service, shutdown_sockets
+
 _CONFIG = """\
 [req]
 distinguished_name = req_dn
@@ -187,10 +189,11 @@ _BAD_GATEWAY = (b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\n"
                 b"<html><body><h1>502 Bad Gateway</h1></body></html>\n\n")
 
 
-class TLSProxy(object):
+class TLSProxy(Service):
     """A loopback TLS-terminating reverse proxy in front of an http:// backend."""
 
     def __init__(self, backend_url, certfile, keyfile, host="127.0.0.1"):
+        Service.__init__(self)
         self.backend = _backend_address(backend_url)
         self.certfile, self.keyfile = certfile, keyfile
         self.host = host
@@ -199,10 +202,7 @@ class TLSProxy(object):
         self.handshake_timeout = 10.0
         self.connections = 0                # accepted TCP connections
         self.handshake_failures = 0         # clients that did not complete TLS
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._conns = set()
-        self._listener = self._thread = None
+        self._listener = None
         self._context = None
 
     def start(self):
@@ -229,39 +229,20 @@ class TLSProxy(object):
         self._thread.start()
         return self
 
-    def stop(self):
-        with self._lock:
-            listener, self._listener = self._listener, None
-            conns = list(self._conns)
-        if listener is None:
-            return
-        self._stop.set()
-        for sock in [listener] + conns:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    # stop(), `with` and _track() come from emu_base.Service.
+
+    def _detach(self):
+        listener, self._listener = self._listener, None
+        return listener
+
+    def _close(self, listener, conns):
+        shutdown_sockets([listener] + conns)
         listener.close()
         for sock in conns:
             try:
                 sock.close()
             except OSError:
                 pass
-        self._thread.join(1.0)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
-
-    def _track(self, sock, add):
-        with self._lock:
-            if add and self._stop.is_set():
-                return False
-            (self._conns.add if add else self._conns.discard)(sock)
-            return True
 
     def _accept_loop(self):
         listener = self._listener
