@@ -175,6 +175,9 @@ NVML_LIB_RM_VERSION_MISMATCH = 18
 NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM = 4, 17
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
+#: The reason for NVML error 18 / nvidia-smi exit 18 ("%s": who said it).
+VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
+                    "was upgraded without reloading the kernel module; reboot")
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
 #: after its output ended (seconds; a child stuck in the driver is abandoned).
 MAX_PROBE_OUTPUT = 1024 * 1024
@@ -1100,8 +1103,7 @@ def collect(run, pid, rfd, ends_at, what):
                 stage = run.current
                 raise Fail(EX_TEMPFAIL, "GPU probe hung: %s did not answer within "
                            "%.3gs (driver wedged, or GPUs initialising without "
-                           "persistence mode)" % (what, stage.ends_at - stage.started),
-                           "gpu")
+                           "persistence mode)" % (what, stage.ends_at - stage.started))
             chunk = os.read(rfd, 65536)
             if not chunk:
                 break
@@ -1134,31 +1136,35 @@ def kill_probes(run):
             pass
 
 
-def probe_nvml(run, ends_at):
-    """NVML in a forked child: a snapshot dict, or a string when absent."""
-    pid, rfd = spawn(run, lambda: nvml_snapshot(run.opts.nvml_lib))
-    out, status = collect(run, pid, rfd, ends_at, "NVML")
+def forked(run, child, ends_at, what):
+    """The JSON object a forked probe child() returned; Fail (69) when it
+    died (--gpu-backend auto then tries the next backend)."""
+    pid, rfd = spawn(run, child)
+    out, status = collect(run, pid, rfd, ends_at, what)
     try:
         doc = json.loads(out.decode("utf-8"))
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        return "NVML probe died (%s)" % ("signal %d" % -status if status and status < 0
-                                         else "exit %s" % status)
+        raise Fail(EX_UNAVAILABLE, "%s probe died (%s)" % (what, "signal %d" % -status
+                                                         if status and status < 0
+                                                         else "exit %s" % status))
+    return doc
+
+
+def probe_nvml(run, ends_at):
+    """NVML in a forked child: a snapshot dict, or a string when absent."""
+    doc = forked(run, lambda: nvml_snapshot(run.opts.nvml_lib), ends_at, "NVML")
     code, text = doc.pop("nvml_error", None), sanitise(doc.pop("text", ""))
     if code in (None, 0):
         return doc
     if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
         return "NVML: %s" % text
     if code == NVML_DRIVER_NOT_LOADED:
-        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (NVML: %s)" % text, "gpu")
+        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (NVML: %s)" % text)
     if code == NVML_LIB_RM_VERSION_MISMATCH:
-        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("NVML: " + text), "gpu")
-    raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text, "gpu")
-
-
-VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
-                    "was upgraded without reloading the kernel module; reboot")
+        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("NVML: " + text))
+    raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text)
 
 
 def nvml_snapshot(path):
@@ -1319,15 +1325,15 @@ def probe_smi(run, ends_at):
     text, status = smi("--query-gpu=" + ",".join(SMI_FIELDS))
     said = sanitise(text.strip().splitlines()[0] if text.strip() else "no output")
     if status == NVML_DRIVER_NOT_LOADED or "couldn't communicate with the NVIDIA driver" in text:
-        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (nvidia-smi: %s)" % said, "gpu")
+        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (nvidia-smi: %s)" % said)
     if status == NVML_LIB_RM_VERSION_MISMATCH or "version mismatch" in text:
-        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("nvidia-smi: " + said), "gpu")
+        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("nvidia-smi: " + said))
     if status in (NVML_LIBRARY_NOT_FOUND, 127):
         return "nvidia-smi: %s (exit %d)" % (said, status)
     gpus, lost = parse_smi_csv(text)
     gpus += [gpu_record(None, None, "PCI " + bus, error=sanitise(why)) for bus, why in lost]
     if status not in (0, NVML_GPU_IS_LOST, None) and not gpus:
-        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, said), "gpu")
+        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, said))
     apps, status = smi("--query-compute-apps=gpu_uuid,pid")
     if status in (0, NVML_GPU_IS_LOST):    # 15: one GPU lost, the others listed
         counts = parse_smi_apps(apps)
@@ -1340,12 +1346,7 @@ def probe_smi(run, ends_at):
 def probe_amd(run, ends_at):
     """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
-    pid, rfd = spawn(run, lambda: amd_snapshot(root))
-    out, status = collect(run, pid, rfd, ends_at, "AMD sysfs")
-    try:
-        doc = json.loads(out.decode("utf-8"))
-    except ValueError:
-        raise Fail(EX_UNAVAILABLE, "AMD sysfs probe failed (exit %s)" % status, "gpu")
+    doc = forked(run, lambda: amd_snapshot(root), ends_at, "AMD sysfs")
     if not doc.get("gpus"):
         return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
     return doc
@@ -1693,13 +1694,8 @@ def check_service(run, client):
         listed = model_list(client.json("GET", "/api/tags", budget), "/api/tags")
         names = [_name(m) for m in listed]
         if run.model:
-            found = [n for n in names if same_model(n, run.model)]
-            if not found:
-                raise Fail(EX_CONFIG, "model %s is not present on the server "
-                           "(ollama pull %s); it has: %s" % (
-                               sanitise(run.model), sanitise(run.model),
-                               sanitise(", ".join(names[:10]) or "no models")))
-            run.model = found[0]
+            run.model = pick_model(run.model, names, "is not present on the server "
+                                   "(ollama pull %s); it has" % sanitise(run.model))
         elif not names:
             raise Fail(EX_CONFIG, "the server has no models: pull one "
                        "(ollama pull NAME) and name it with --model")
@@ -1800,15 +1796,8 @@ def check_openai(run, client):
         names = [n for n in names if isinstance(n, str)]
         if not names:
             raise Fail(EX_CONFIG, "the server serves no models (GET /v1/models)")
-        if run.model:
-            found = [n for n in names if n == run.model] or \
-                [n for n in names if same_model(n, run.model)]
-            if not found:
-                raise Fail(EX_CONFIG, "model %s is not served here; it serves: %s" % (
-                    sanitise(run.model), sanitise(", ".join(names[:10]))))
-            run.model = found[0]
-        else:
-            run.model = names[0]
+        run.model = (pick_model(run.model, names, "is not served here; it serves")
+                     if run.model else names[0])
     if run.opts.warmup == "off":
         return "service up, model %s served (warm-up off)" % run.model
     with run.step("completion") as budget:
@@ -1823,6 +1812,16 @@ def check_openai(run, client):
             raise Fail(EX_UNAVAILABLE, "POST /v1/completions: answered without a "
                        "completion (no choices)")
     return "%s answered a token" % run.model
+
+
+def pick_model(wanted, names, missing):
+    """The listed name that means model `wanted` (the exact one first, then
+    as Ollama compares names); Fail (78) naming what is there otherwise."""
+    found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
+    if not found:
+        raise Fail(EX_CONFIG, "model %s %s: %s" % (sanitise(wanted), missing, sanitise(
+            ", ".join(names[:10]) or "no models")))
+    return found[0]
 
 
 def running_models(run, client, budget):
@@ -2066,8 +2065,9 @@ def state_key(opts, environ):
     """The file name of a check's state: readable, plus a checksum of all that
     defines the check (options, the GPUs the environment selects, the API,
     the token's digest, TLS settings)."""
+    import hashlib
     import zlib
-    token = opts.token and __import__("hashlib").sha256(opts.token.encode()).hexdigest()
+    token = opts.token and hashlib.sha256(opts.token.encode("ascii")).hexdigest()
     check = json.dumps([getattr(opts, name) for name in CHECK_OPTIONS] + [
         environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
                                      ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
@@ -2130,7 +2130,7 @@ class Shared(object):
         """A verdict to reuse: ready and younger than --share-result, or
         (since given) any check's verdict written after since."""
         state = self.previous
-        if not isinstance(state.get("code"), int) or "time" not in state:
+        if "code" not in state or "time" not in state:     # types: read_state
             return None
         age = time.time() - state["time"]
         if state["code"] == EX_OK and 0 <= age < self.opts.share_result:
