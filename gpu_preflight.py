@@ -1167,10 +1167,9 @@ def probe_nvml(run, ends_at):
     raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text)
 
 
-def nvml_snapshot(path):
-    """In the child: NVML's view of every GPU, as a JSON-ready dict."""
-    import ctypes as c
-
+def nvml_structs(c):
+    """nvml.h's structs as ctypes classes (c: the ctypes module): nvmlMemory_t,
+    nvmlMemory_v2_t, nvmlProcessInfo_v1_t and nvmlProcessInfo_v2_t."""
     class Memory(c.Structure):
         _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
                     ("used", c.c_ulonglong)]
@@ -1186,6 +1185,14 @@ def nvml_snapshot(path):
     class ProcessV2(c.Structure):       # nvmlProcessInfo_v2_t, for _v2 and _v3
         _fields_ = Process._fields_ + [("gpuInstanceId", c.c_uint),
                                        ("computeInstanceId", c.c_uint)]
+
+    return Memory, MemoryV2, Process, ProcessV2
+
+
+def nvml_snapshot(path):
+    """In the child: NVML's view of every GPU, as a JSON-ready dict."""
+    import ctypes as c
+    Memory, MemoryV2, Process, ProcessV2 = nvml_structs(c)
 
     def mapped():
         with open("/proc/self/maps") as maps:
