@@ -445,7 +445,8 @@ def parse_nvml_lib(text):
 
 
 def parse_smi_csv(text):
-    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPU bus ids).
+    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as
+    (index or None, bus id, why)).
 
     A field in brackets ([N/A], [Not Supported]) is unknown (None), never 0;
     lines with another field count are the tool's own messages, skipped,
@@ -454,10 +455,12 @@ def parse_smi_csv(text):
     gpus, lost = [], []
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(", ")]
-        if len(fields) != len(SMI_FIELDS):
-            found = re.search(r"device handle for GPU ([0-9A-Fa-f:.]+): (.*)", line)
-            if found:
-                lost.append((found.group(1), found.group(2).strip()))
+        if len(fields) != len(SMI_FIELDS):     # "...for GPU1: 0000:62:00.0: why"
+            found = re.search(r"device handle for GPU(?:(\d+):)? ?([0-9A-Fa-f]+:"
+                              r"[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]): (.*)", line)
+            if found:           # or, from older drivers, "for GPU 00000000:62:00.0"
+                lost.append((int(found.group(1)) if found.group(1) else None,
+                             found.group(2), found.group(3).strip()))
             continue
         value = dict(zip(SMI_FIELDS, fields))
         number = lambda key: int(float(value[key])) if _NUMBER_RE.match(value[key]) else None
@@ -875,11 +878,11 @@ def read_config_file(path, must_exist):
     import configparser     # only when there is a file: it costs 2 ms
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        parser.read_string(read_small_file(path, MAX_CONFIG).decode("utf-8"), path)
-    except OSError as exc:
-        raise ConfigError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+        parser.read_string(read_trusted(path, MAX_CONFIG).decode("utf-8"), path)
+    except UnicodeDecodeError:
+        raise ConfigError("bad config file %s: not UTF-8 text" % path)
     except ValueError as exc:
-        raise ConfigError("config file %s: %s" % (path, exc))
+        raise ConfigError("cannot read config file %s: %s" % (path, exc))
     except (configparser.Error, UnicodeDecodeError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError("bad config file %s: %s" % (path, first))
@@ -893,6 +896,59 @@ def read_config_file(path, must_exist):
             raise ConfigError("config file %s: unknown key %r" % (path, key))
         values[name] = text
     return values
+
+
+def untrusted(path):
+    """Why someone other than this user or root could have written path (a
+    file this process reads configuration or a secret from, or loads code
+    from), or None. OpenSSH's StrictModes: the file and every directory above
+    it are owned by this user or root and writable by no one else; a sticky
+    directory such as /tmp is fine above an entry that passes; a symlink is
+    judged by its owner, the directory holding it and what it points to.
+    Raises OSError when the path cannot be looked up."""
+    owners = (0, os.geteuid())
+    todo = [p for p in os.path.abspath(path).split("/") if p]
+    here, hops = "/", 0
+    info = os.lstat(here)
+    while True:
+        mode = info.st_mode
+        if info.st_uid not in owners:
+            return "%s is owned by uid %d, not by %s: chown root %s" % (
+                here, info.st_uid, "root" if owners[1] == 0 else "this user or root",
+                here)
+        if stat.S_ISLNK(mode):
+            hops += 1
+            if hops > 40:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links")
+            target = os.readlink(here)
+            todo[:0] = [p for p in target.split("/") if p]
+            here = "/" if target.startswith("/") else os.path.dirname(here)
+            info = os.lstat(here)
+            continue
+        sticky_dir = stat.S_ISDIR(mode) and mode & stat.S_ISVTX and todo
+        if mode & 0o022 and not sticky_dir:
+            return "%s is writable by group or others (mode %04o): chmod go-w %s" % (
+                here, stat.S_IMODE(mode), here)
+        while todo and todo[0] in (".", ".."):
+            here = os.path.dirname(here) if todo.pop(0) == ".." else here
+        if not todo:
+            return None
+        here = os.path.join(here, todo.pop(0))
+        info = os.lstat(here)
+
+
+def read_trusted(path, limit):
+    """The bytes of a small regular file that only this user or root could
+    have written (untrusted()); raises ValueError saying why not."""
+    try:
+        problem = untrusted(path)
+        if problem is None:
+            return read_small_file(path, limit)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    else:
+        problem = "others could have written it: " + problem
+    raise ValueError(problem)
 
 
 def read_small_file(path, limit):
@@ -930,14 +986,14 @@ def read_token(opts, environ):
     if path:
         where = "token file %s" % sanitise(path)
         try:
+            text = read_trusted(path, MAX_CONFIG).decode("utf-8")
             mode = os.stat(path).st_mode
-            if os.geteuid() == 0 and mode & 0o044:
-                raise Fail(EX_CONFIG, "%s is readable by group or others (mode %04o): "
-                           "chmod 600 it" % (where, stat.S_IMODE(mode)), "config")
-            text = read_small_file(path, MAX_CONFIG).decode("utf-8")
         except (OSError, ValueError) as exc:
             raise Fail(EX_CONFIG, "cannot read %s: %s" % (
-                where, getattr(exc, "strerror", None) or exc), "config")
+                where, sanitise(getattr(exc, "strerror", None) or exc)), "config")
+        if os.geteuid() == 0 and mode & 0o044:
+            raise Fail(EX_CONFIG, "%s is readable by group or others (mode %04o): "
+                       "chmod 600 it" % (where, stat.S_IMODE(mode)), "config")
         text = text.strip().split("\n")[0].strip()
         if not text:
             raise Fail(EX_CONFIG, "%s is empty" % where, "config")
@@ -959,11 +1015,13 @@ def tls_context(opts):
         context.verify_mode = ssl.CERT_NONE
         return context
     try:
-        return ssl.create_default_context(cafile=opts.cafile)
-    except (OSError, ssl.SSLError) as exc:
+        pem = opts.cafile and read_trusted(opts.cafile, MAX_BODY).decode("ascii")
+        if pem is not None and not pem.strip():
+            raise ValueError("empty file")  # cadata="" would mean the system store
+        return ssl.create_default_context(cadata=pem)
+    except (ValueError, ssl.SSLError) as exc:    # UnicodeDecodeError is a ValueError
         raise Fail(EX_CONFIG, "cannot use --cafile %s: %s" % (
-            sanitise(opts.cafile), sanitise(getattr(exc, "strerror", None) or exc)),
-            "config")
+            sanitise(opts.cafile), sanitise(exc)), "config")
 
 
 def _from_text(kind, text):
@@ -1156,6 +1214,8 @@ def probe_nvml(run, ends_at):
     """NVML in a forked child: a snapshot dict, or a string when absent."""
     doc = forked(run, lambda: nvml_snapshot(run.opts.nvml_lib), ends_at, "NVML")
     code, text = doc.pop("nvml_error", None), sanitise(doc.pop("text", ""))
+    if "untrusted" in doc:
+        raise Fail(EX_CONFIG, sanitise(doc["untrusted"]))
     if code in (None, 0):
         return doc
     if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
@@ -1189,27 +1249,48 @@ def nvml_structs(c):
     return Memory, MemoryV2, Process, ProcessV2
 
 
+def nvml_candidates(path):
+    """Where NVML may be, in order: --nvml-lib alone, else the directories
+    of LD_LIBRARY_PATH, the dynamic linker's cache and NVML_DIRS. Absolute
+    paths only, so that what is loaded is what was checked."""
+    if path:
+        return [path]
+    found = [os.path.join(d, NVML_NAME) for d in
+             os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
+    try:
+        with open("/etc/ld.so.cache", "rb") as handle:
+            found += [p.decode("utf-8", "replace") for p in re.findall(
+                br"\x00(/[^\x00]*/libnvidia-ml\.so\.1)(?=\x00)", handle.read(1 << 24))]
+    except OSError:
+        pass
+    found += [d + "/" + NVML_NAME for d in NVML_DIRS]
+    return [p for i, p in enumerate(found) if p not in found[:i]]
+
+
 def nvml_snapshot(path):
     """In the child: NVML's view of every GPU, as a JSON-ready dict."""
     import ctypes as c
     Memory, MemoryV2, Process, ProcessV2 = nvml_structs(c)
 
-    def mapped():
-        with open("/proc/self/maps") as maps:
-            return set(re.findall(r"/\S*libnvidia-ml\S*", maps.read()))
-
     lib, why = None, "%s not found" % (path or NVML_NAME)
-    for name in [path] if path else [NVML_NAME] + [d + "/" + NVML_NAME for d in NVML_DIRS]:
-        before = mapped()
+    for name in nvml_candidates(path):
+        if not os.path.exists(name):
+            continue
+        if "/stubs/" in os.path.realpath(name):
+            why = "only the CUDA toolkit's stub library (%s)" % name
+            continue
+        try:
+            problem = untrusted(name)
+        except OSError as exc:
+            problem = exc.strerror
+        if problem:             # checked before dlopen runs a byte of it
+            return {"untrusted": "NVML library %s: others could have written it: %s"
+                    % (name, problem)}
         try:
             lib = c.CDLL(name)
-        except OSError as exc:
-            why = str(exc) if path or name == NVML_NAME else why
-            continue
-        loaded = sorted(mapped() - before) or [name]
-        if not any("/stubs/" in p for p in loaded):
             break
-        lib, why = None, "only the CUDA toolkit's stub library (%s)" % loaded[0]
+        except OSError as exc:
+            why = str(exc)
     if lib is None:
         return {"nvml_error": NVML_LIBRARY_NOT_FOUND, "text": why}
 
@@ -1310,7 +1391,7 @@ def nvml_snapshot(path):
         driver = c.create_string_buffer(96)
         call("nvmlSystemGetDriverVersion", driver, c.c_uint(96))
         return {"driver": driver.value.decode("ascii", "replace") or None,
-                "library": loaded[0], "gpus": gpus}
+                "library": name, "gpus": gpus}
     finally:
         call("nvmlShutdown")
 
@@ -1338,9 +1419,12 @@ def probe_smi(run, ends_at):
     if status in (NVML_LIBRARY_NOT_FOUND, 127):
         return "nvidia-smi: %s (exit %d)" % (said, status)
     gpus, lost = parse_smi_csv(text)
-    gpus += [gpu_record(None, None, "PCI " + bus, error=sanitise(why)) for bus, why in lost]
-    if status not in (0, NVML_GPU_IS_LOST, None) and not gpus:
-        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, said))
+    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why))
+             for index, bus, why in lost]
+    if status not in (0, None) and not lost:    # a GPU failed, and which is unknown
+        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, sanitise(
+            next((l for l in text.splitlines() if l.count(", ") != len(SMI_FIELDS) - 1
+                  and l.strip()), "no message"))))
     apps, status = smi("--query-compute-apps=gpu_uuid,pid")
     if status in (0, NVML_GPU_IS_LOST):    # 15: one GPU lost, the others listed
         counts = parse_smi_apps(apps)
@@ -1650,24 +1734,7 @@ def check_gpu(run):
     the GPUs the job will use. Raises Fail; runs in the main thread, first."""
     opts = run.opts
     with run.step("gpu", opts.gpu_timeout) as budget:
-        ends_at = time.monotonic() + budget
-        absent, failure = [], None
-        for name, probe in GPU_PROBES:
-            if opts.gpu_backend not in ("auto", name):
-                continue
-            try:
-                doc = probe(run, ends_at)
-            except Fail as exc:     # auto: NVIDIA's userspace on an AMD host?
-                if opts.gpu_backend != "auto" or exc.code != EX_UNAVAILABLE:
-                    raise
-                failure = failure or exc
-                continue
-            if isinstance(doc, dict):
-                break
-            absent.append(doc)
-        else:
-            raise failure or Fail(EX_UNAVAILABLE, "no GPU driver found: %s"
-                                  % "; ".join(absent))
+        name, doc = first_backend(run, time.monotonic() + budget)
         run.gpu = dict(doc, backend=name, need=opts.gpu_need)
         gpus = doc["gpus"]
         if not gpus:
@@ -1692,6 +1759,51 @@ def check_gpu(run):
         run.notes.extend(notes)
         if code:
             raise Fail(code, reason)
+
+
+def first_backend(run, ends_at):
+    """(name, snapshot) of the first GPU backend that answers. Under
+    --gpu-backend auto a failing NVIDIA backend moves on to AMD only when no
+    NVIDIA GPU is on the host (NVIDIA's userspace on an AMD host), never past
+    a dead NVIDIA driver to an AMD integrated GPU."""
+    auto = run.opts.gpu_backend == "auto"
+    absent, failure = [], None
+    for name, probe in GPU_PROBES:
+        if not auto and run.opts.gpu_backend != name:
+            continue
+        if auto and name == "amd-sysfs" and nvidia_present():
+            raise failure or Fail(EX_UNAVAILABLE, "an NVIDIA GPU is present but "
+                                  "neither NVML nor nvidia-smi answered: %s"
+                                  % "; ".join(absent))
+        try:
+            doc = probe(run, ends_at)
+        except Fail as exc:
+            if not auto or exc.code != EX_UNAVAILABLE:
+                raise
+            failure = failure or exc
+            continue
+        if isinstance(doc, dict):
+            return name, doc
+        absent.append(doc)
+    raise failure or Fail(EX_UNAVAILABLE, "no GPU driver found: %s" % "; ".join(absent))
+
+
+def nvidia_present():
+    """Whether the host has an NVIDIA GPU: a PCI display controller of vendor
+    0x10de, or a /dev/nvidiaN node (both under GPU_PREFLIGHT_ROOT)."""
+    root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
+    devices = os.path.join(root, "sys/bus/pci/devices")
+    for device in os.listdir(devices) if os.path.isdir(devices) else ():
+        try:
+            ids = [read_small_file(os.path.join(devices, device, name), 64).strip()
+                   for name in ("vendor", "class")]
+        except (OSError, ValueError):
+            continue
+        if ids[0] == b"0x10de" and ids[1].startswith(b"0x03"):
+            return True
+    dev = os.path.join(root, "dev")
+    return any(re.match(r"^nvidia\d+$", n) for n in
+               (os.listdir(dev) if os.path.isdir(dev) else ()))
 
 
 def check_service(run, client):

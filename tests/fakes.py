@@ -90,6 +90,9 @@ FAKE_SMI = r"""#!/bin/sh
 #   FAKE_SMI_BUSY  comma list of busy indexes (modes free, na, notsupported,
 #                  lost)
 #   FAKE_SMI_LOST_INDEX  the lost GPU in mode lost (default: the last)
+#   FAKE_SMI_LOST_FORMAT index (default: "...for GPU1: 0000:62:00.0: GPU is
+#                  lost...", current drivers) or bus ("...for GPU
+#                  00000000:62:00.0: ...", older ones)
 #   FAKE_SMI_LOG   append "argv: ARGS" and "LC_ALL=VALUE" per call
 
 if [ -n "${FAKE_SMI_LOG:-}" ]; then
@@ -253,7 +256,11 @@ status=0
 i=0
 while [ "$i" -lt "$count" ]; do
     if [ "$mode" = lost ] && [ "$i" = "$lost" ]; then
-        echo "Unable to determine the device handle for GPU 00000000:6$((i + 1)):00.0: GPU is lost. Reboot the system to recover this GPU"
+        if [ "${FAKE_SMI_LOST_FORMAT:-index}" = bus ]; then     # older drivers
+            echo "Unable to determine the device handle for GPU 00000000:6$((i + 1)):00.0: GPU is lost. Reboot the system to recover this GPU"
+        else
+            echo "Unable to determine the device handle for GPU$i: 0000:6$((i + 1)):00.0: GPU is lost.  Reboot the system to recover this GPU"
+        fi
         status=15
     else
         row "$i"
@@ -278,6 +285,20 @@ def write_fake_smi(dest_dir):
 def _write(path, text):
     with open(path, "w") as handle:
         handle.write(text)
+
+
+def add_pci_display(root, bdf, vendor):
+    """A PCI display controller under root's /sys/bus/pci/devices (a link into
+    /sys/devices, as on a real host): vendor "0x10de" NVIDIA, "0x1002" AMD."""
+    device = os.path.join(root, "sys", "devices", "pci0000:00", bdf)
+    os.makedirs(device, exist_ok=True)
+    _write(os.path.join(device, "vendor"), vendor + "\n")
+    _write(os.path.join(device, "class"), "0x030000\n")
+    bus = os.path.join(root, "sys", "bus", "pci", "devices")
+    os.makedirs(bus, exist_ok=True)
+    os.symlink(os.path.join("..", "..", "..", "devices", "pci0000:00", bdf),
+               os.path.join(bus, bdf))
+    return root
 
 
 def make_amd_sysfs(root, cards):

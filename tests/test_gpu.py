@@ -277,6 +277,34 @@ class NvmlTest(GpuCase):
         self.assertVerdict(res, doc, 0)
         self.assertEqual(doc["gpu"]["backend"], "amd-sysfs")
 
+    def test_a_dead_nvidia_driver_beside_an_amd_igpu_is_69_never_the_igpu(self):
+        # issue 9.1: auto leaves NVIDIA for AMD only when no NVIDIA GPU is present
+        for mode, text in (("nodriver", "NVIDIA driver not loaded (NVML: Driver Not Loaded"),
+                           ("mismatch", "versions differ (NVML: ")):
+            for node in ("pci", "dev"):
+                with self.subTest(mode=mode, node=node):
+                    self.sink.messages(wait=0.01)
+                    root = fakes.make_amd_sysfs(tempfile.mkdtemp(dir=self.dir), [dict(
+                        busy=1, used_mib=64, total_mib=2048, name="AMD Radeon Graphics")])
+                    if node == "pci":
+                        fakes.add_pci_display(root, "0000:62:00.0", "0x10de")
+                    else:
+                        os.makedirs(os.path.join(root, "dev"))
+                        open(os.path.join(root, "dev", "nvidia0"), "w").close()
+                    res, doc = self.gpu(["--nvml-lib", self.lib], dict(
+                        FAKE_NVML_MODE=mode, GPU_PREFLIGHT_ROOT=root, FAKE_SMI_MODE=mode,
+                        PATH=self.smi_dir + ":/usr/bin:/bin"), deadline=4)
+                    self.assertVerdict(res, doc, 69, text)
+                    self.assertIsNone(doc["gpu"])
+
+    def test_nvidia_gpu_present_without_nvml_or_smi_is_69(self):
+        root = fakes.add_pci_display(tempfile.mkdtemp(dir=self.dir), "0000:62:00.0", "0x10de")
+        fakes.make_amd_sysfs(root, [dict(busy=1, used_mib=64, total_mib=2048)])
+        res, doc = self.gpu(["--gpu", "--nvml-lib", "/nonexistent/libnvidia-ml.so.1"],
+                            dict(GPU_PREFLIGHT_ROOT=root), deadline=4)
+        self.assertVerdict(res, doc, 69, "an NVIDIA GPU is present but neither NVML nor "
+                           "nvidia-smi answered: NVML: ")
+
     def test_pending_row_remap_is_69(self):
         res, doc = self.nvml(mode="remap")
         self.assertVerdict(res, doc, 69, "row remapping pending")
@@ -370,9 +398,25 @@ class SmiTest(GpuCase):
         self.assertVerdict(res, doc, 75, "1 compute processes, limit 0")
 
     def test_lost_gpu_line_fails_need_all(self):
-        res, doc = self.smi(mode="lost", FAKE_SMI_COUNT="2")
-        self.assertVerdict(res, doc, 69, "GPU is lost")
-        self.assertEqual(len(doc["gpu"]["gpus"]), 2)
+        # issue 9.2: "...for GPU1: 0000:62:00.0: GPU is lost" is a selected GPU that failed
+        for form in ("index", "bus"):
+            with self.subTest(form=form):
+                self.sink.messages(wait=0.01)
+                res, doc = self.smi(mode="lost", FAKE_SMI_COUNT="2",
+                                    FAKE_SMI_LOST_FORMAT=form)
+                self.assertVerdict(res, doc, 69, "GPU is lost")
+                self.assertEqual(len(doc["gpu"]["gpus"]), 2)
+                lost = doc["gpu"]["gpus"][1]
+                self.assertEqual((lost["selected"], lost["fit"], lost["uuid"]),
+                                 (True, False, None))
+                self.assertIn("GPU is lost", lost["error"])
+                self.assertEqual(lost["index"], 1 if form == "index" else None)
+        self.sink.messages(wait=0.01)
+        res, doc = self.smi(["--gpu-id", "1"], mode="lost", FAKE_SMI_COUNT="2")
+        self.assertVerdict(res, doc, 69, "GPU 1: GPU is lost")
+        self.sink.messages(wait=0.01)
+        res, doc = self.smi(["--gpu-id", "0"], mode="lost", FAKE_SMI_COUNT="2")
+        self.assertVerdict(res, doc, 0)
         self.sink.messages(wait=0.01)
         res, doc = self.smi(["--gpu-id", gpu_uuid(1)], mode="lost", FAKE_SMI_COUNT="2")
         self.assertVerdict(res, doc, 69, "no GPU matches")
