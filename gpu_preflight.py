@@ -4,7 +4,7 @@
 Run it in front of a GPU job; the job starts only when the service answered:
 
     python3 gpu_preflight.py && /opt/jobs/nightly.sh
-    python3 gpu_preflight.py --lock /run/lock/gpu0.lock -- /opt/jobs/nightly.sh
+    python3 gpu_preflight.py --lock /run/gpu0.lock -- /opt/jobs/nightly.sh
 
 It checks in stages, each bounded by --timeout and all together by --deadline
 (counted from process start, whatever the server or the driver does):
@@ -120,12 +120,6 @@ FLIGHT_POLL = 0.02
 #: directory in /tmp (0700, owned by the user, checked).
 STATE_SUBDIR = "gpu_preflight"
 ROOT_STATE_DIR = "/run/gpu_preflight"
-
-#: The options that define a check: callers share a verdict only when these
-#: are the same (--share-result).
-CHECK_OPTIONS = ("host", "model", "warmup", "keep_alive", "ollama_option",
-                 "allow_cpu", "gpu", "gpu_backend", "nvml_lib", "gpu_id", "gpu_need",
-                 "min_free_mib", "max_util", "max_procs", "max_temp", "strict_gpu")
 
 #: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
 EX_NOEXEC, EX_NOTFOUND = 126, 127
@@ -531,12 +525,64 @@ def answer_message(body):
 # ---- Pure classifiers: answers and errors -> exit status and reason ---------
 
 def sanitise(text, limit=SERVER_TEXT_MAX):
-    """Text safe for one log line: no control characters, ASCII, capped."""
-    text = _CONTROL_RE.sub(" ", str(text)).strip()
+    """Text safe for one log line: no secret, no control characters, ASCII,
+    capped (in that order: a cut or an escape must not hide a secret)."""
+    text = redact(str(text)[:limit * 16])
+    text = _CONTROL_RE.sub(" ", text).strip()
     text = text.encode("ascii", "backslashreplace").decode("ascii")
     if len(text) > limit:
         text = text[:limit - 3] + "..."
     return text
+
+
+#: Every piece of SECRET_PIECE characters of the secrets in use (the bearer
+#: token, as sent and JSON-escaped), and secrets shorter than that: no output
+#: shows them (redact()). Filled by add_secret(), emptied by main().
+SECRET_PIECE = 8
+_SECRETS = {"pieces": set(), "short": set()}
+
+
+def add_secret(secret):
+    """Hide secret, and any SECRET_PIECE characters of it, from every output."""
+    for form in (secret, json.dumps(secret)[1:-1]):
+        if len(form) < SECRET_PIECE:
+            _SECRETS["short"].add(form)
+        _SECRETS["pieces"].update(form[i:i + SECRET_PIECE]
+                                  for i in range(len(form) - SECRET_PIECE + 1))
+
+
+def redact(text):
+    """text with every run of characters holding a piece of a secret replaced
+    by [token]. A run swallows a backslash that escapes its first or follows
+    its last character, so a JSON string or a quoted log value stays whole."""
+    pieces, n = _SECRETS["pieces"], SECRET_PIECE
+    for short in _SECRETS["short"]:
+        text = text.replace(short, "[token]")
+    hits = [i for i in range(len(text) - n + 1) if text[i:i + n] in pieces] \
+        if pieces else ()
+    if not hits:
+        return text
+
+    def escapes(pos):           # text[pos] is a backslash escaping text[pos + 1]
+        start = pos
+        while start >= 0 and text[start] == "\\":
+            start -= 1
+        return (pos - start) % 2 == 1
+
+    out, done = [], 0
+    for i in hits:
+        if i < done:            # inside the run already replaced
+            continue
+        end = i + n
+        while end < len(text) and text[end - n + 1:end + 1] in pieces:
+            end += 1
+        start = i - 1 if i > 0 and escapes(i - 1) and i - 1 >= done else i
+        if end < len(text) and escapes(end - 1):
+            end += 1
+        out += [text[done:start], "[token]"]
+        done = end
+    out.append(text[done:])
+    return "".join(out)
 
 
 def classify_runner_error(message):
@@ -711,97 +757,113 @@ def judge_gpus(gpus, opts):
 
 # ---- Configuration: flags > GPU_PREFLIGHT_* > config file > defaults --------
 
-#: Every option: (long name, short, parser or "flag"/"list", default, metavar, help)
+#: Whether an option defines the check (callers share a verdict under
+#: --share-result only when all of these are the same) or only how the check
+#: runs and reports.
+CHECK, HOW = "check", "how"
+
+#: Every option, by --help group: (long name, short, CHECK or HOW, parser or
+#: "flag"/"list", default, metavar, help).
 OPTIONS = (
-    ("host", None, host_url, None, "URL",
-     "Ollama base URL (default: OLLAMA_HOST as Ollama reads it, "
-     "else %s)" % DEFAULT_HOST),
-    ("api", None, parse_choice("ollama", "openai", "auto"), "ollama", "NAME",
-     "ollama (native API), openai (vLLM, llama-server: /health, /v1/models, "
-     "/v1/completions) or auto (ask GET /api/version once)"),
-    ("token-file", None, str, None, "PATH",
-     "send 'Authorization: Bearer' with the token in PATH (or in "
-     "GPU_PREFLIGHT_TOKEN); never on the command line"),
-    ("cafile", None, str, None, "PATH",
-     "verify https:// hosts against this CA bundle instead of the system's"),
-    ("insecure", None, "flag", False, None,
-     "do not verify TLS certificates (logged as a problem on every run)"),
-    ("model", None, str, None, "NAME",
-     "model to warm (default: one already loaded, else the first listed)"),
-    ("timeout", None, parse_seconds, DEFAULT_TIMEOUT, "SECONDS",
-     "time limit of each stage (default %g)" % DEFAULT_TIMEOUT),
-    ("deadline", None, parse_seconds, None, "SECONDS",
-     "hard limit on the whole run, from process start (default %g, plus "
-     "--wait and --jitter)" % DEFAULT_DEADLINE),
-    ("warmup", None, parse_choice("token", "load", "off"), "token", "token|load|off",
-     "token: generate one token; load: only load the model; off: skip "
-     "(default token)"),
-    ("keep-alive", None, parse_keep_alive, None, "DURATION",
-     "keep_alive sent with the warm-up (600, -1, 10m); not sent unless given"),
-    ("ollama-option", None, "list", (), "KEY=VALUE",
-     "runner option for the warm-up, as the job uses it (num_ctx=8192); "
-     "repeatable"),
-    ("allow-cpu", None, "flag", False, None,
-     "accept a model that Ollama runs on the CPU (size_vram 0)"),
-    ("gpu", None, "flag", False, None,
-     "check the GPU itself first (stage gpu): driver up, no GPU lost, "
-     "thresholds met; implied by every option below"),
-    ("gpu-timeout", None, parse_seconds, DEFAULT_GPU_TIMEOUT, "SECONDS",
-     "time limit of the GPU stage (default %g; NVML initialises each GPU in "
-     "1-3 s without persistence mode)" % DEFAULT_GPU_TIMEOUT),
-    ("gpu-backend", None, parse_choice("auto", "nvml", "nvidia-smi", "amd-sysfs"),
-     None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
-     "of them that is installed)"),
-    ("nvml-lib", None, parse_nvml_lib, None, "PATH",
-     "the driver's %s (default: dlopen's search, then the usual "
-     "directories)" % NVML_NAME),
-    ("gpu-id", None, parse_gpu_ids, None, "IDS",
-     "GPUs to check: NVML indexes or UUIDs, comma-separated (default: the "
-     "UUIDs in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, else all)"),
-    ("gpu-need", None, parse_choice("all", "any"), "all", "all|any",
-     "every checked GPU must be fit, or any one (default all)"),
-    ("min-free-mib", None, parse_count, None, "MIB",
-     "skip unless this much GPU memory is free"),
-    ("max-util", None, parse_percent, None, "PCT",
-     "skip when GPU utilisation is above PCT"),
-    ("max-procs", None, parse_count, None, "N",
-     "skip when more than N compute processes use the GPU"),
-    ("max-temp", None, parse_count, None, "C",
-     "skip when the GPU is hotter than C degrees"),
-    ("strict-gpu", None, "flag", False, None,
-     "a threshold the GPU cannot report (N/A, MIG) fails instead of "
-     "being noted"),
-    ("lock", None, str, None, "PATH",
-     "hold an exclusive flock on PATH from before the checks (until the "
-     "job ends, with -- COMMAND); held elsewhere: exit 75"),
-    ("wait", None, parse_seconds, None, "SECONDS",
-     "retry a failed check (69, 75) with backoff 1, 2, 4 .. 15 s until "
-     "ready or SECONDS have passed"),
-    ("jitter", None, parse_seconds, None, "SECONDS",
-     "sleep a random time up to SECONDS before the first attempt"),
-    ("share-result", None, parse_seconds, None, "SECONDS",
-     "reuse a ready verdict younger than SECONDS for the same check, and "
-     "wait for a check in flight instead of sending another"),
-    ("state-dir", None, str, None, "PATH",
-     "where shared verdicts and skip counts live (default "
-     "$XDG_RUNTIME_DIR/%s, %s for root, else /tmp/%s-UID)"
-     % (STATE_SUBDIR, ROOT_STATE_DIR, STATE_SUBDIR)),
-    ("metrics-file", None, str, None, "PATH",
-     "write Prometheus metrics there for node_exporter's textfile collector"),
-    ("log-changes-only", None, "flag", False, None,
-     "log only when the verdict changes (for every-minute schedules)"),
-    ("json", None, "flag", False, None,
-     "print one JSON object with the verdict on stdout"),
-    ("verbose", "-v", "flag", False, None,
-     "print the log line on stderr, even under cron"),
-    ("quiet", "-q", "flag", False, None, "print nothing on stderr"),
-    ("syslog-facility", None, parse_facility, FACILITIES["user"], "NAME",
-     "syslog facility (default user)"),
-    ("syslog-address", None, parse_syslog_address, DEFAULT_SYSLOG_ADDRESS,
-     "PATH|HOST:PORT", "syslog socket path or UDP collector (default %s)"
-     % DEFAULT_SYSLOG_ADDRESS),
-    ("no-syslog", None, "flag", False, None, "do not write to syslog"),
-    ("debug", None, "flag", False, None, "show a traceback on internal errors"),
+    ("the service", (
+        ("host", None, CHECK, host_url, None, "URL",
+         "Ollama base URL (default: OLLAMA_HOST as Ollama reads it, "
+         "else %s)" % DEFAULT_HOST),
+        ("api", None, CHECK, parse_choice("ollama", "openai", "auto"), "ollama", "NAME",
+         "ollama (native API), openai (vLLM, llama-server: /health, /v1/models, "
+         "/v1/completions) or auto (ask GET /api/version once)"),
+        ("token-file", None, CHECK, str, None, "PATH",
+         "send 'Authorization: Bearer' with the token in PATH (or in "
+         "GPU_PREFLIGHT_TOKEN); never on the command line"),
+        ("cafile", None, CHECK, str, None, "PATH",
+         "verify https:// hosts against this CA bundle instead of the system's"),
+        ("insecure", None, CHECK, "flag", False, None,
+         "do not verify TLS certificates (logged as a problem on every run)"),
+        ("timeout", None, CHECK, parse_seconds, DEFAULT_TIMEOUT, "SECONDS",
+         "time limit of each stage (default %g)" % DEFAULT_TIMEOUT),
+        ("deadline", None, HOW, parse_seconds, None, "SECONDS",
+         "hard limit on the whole run, from process start (default %g, plus "
+         "--wait and --jitter)" % DEFAULT_DEADLINE),
+    )),
+    ("the model and its warm-up", (
+        ("model", None, CHECK, str, None, "NAME",
+         "model to warm (default: one already loaded, else the first listed)"),
+        ("warmup", None, CHECK, parse_choice("token", "load", "off"), "token", "token|load|off",
+         "token: generate one token; load: only load the model; off: skip "
+         "(default token)"),
+        ("keep-alive", None, CHECK, parse_keep_alive, None, "DURATION",
+         "keep_alive sent with the warm-up (600, -1, 10m); not sent unless given"),
+        ("ollama-option", None, CHECK, "list", (), "KEY=VALUE",
+         "runner option for the warm-up, as the job uses it (num_ctx=8192); "
+         "repeatable"),
+        ("allow-cpu", None, CHECK, "flag", False, None,
+         "accept a model that Ollama runs on the CPU (size_vram 0)"),
+    )),
+    ("the GPU", (
+        ("gpu", None, CHECK, "flag", False, None,
+         "check the GPU itself first (stage gpu): driver up, no GPU lost, "
+         "thresholds met; implied by every option below"),
+        ("gpu-timeout", None, CHECK, parse_seconds, DEFAULT_GPU_TIMEOUT, "SECONDS",
+         "time limit of the GPU stage (default %g; NVML initialises each GPU in "
+         "1-3 s without persistence mode)" % DEFAULT_GPU_TIMEOUT),
+        ("gpu-backend", None, CHECK, parse_choice("auto", "nvml", "nvidia-smi", "amd-sysfs"),
+         None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
+         "of them that is installed)"),
+        ("nvml-lib", None, CHECK, parse_nvml_lib, None, "PATH",
+         "the driver's %s (default: dlopen's search, then the usual "
+         "directories)" % NVML_NAME),
+        ("gpu-id", None, CHECK, parse_gpu_ids, None, "IDS",
+         "GPUs to check: NVML indexes or UUIDs, comma-separated (default: the "
+         "UUIDs in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, else all)"),
+        ("gpu-need", None, CHECK, parse_choice("all", "any"), "all", "all|any",
+         "every checked GPU must be fit, or any one (default all)"),
+        ("min-free-mib", None, CHECK, parse_count, None, "MIB",
+         "skip unless this much GPU memory is free"),
+        ("max-util", None, CHECK, parse_percent, None, "PCT",
+         "skip when GPU utilisation is above PCT"),
+        ("max-procs", None, CHECK, parse_count, None, "N",
+         "skip when more than N compute processes use the GPU"),
+        ("max-temp", None, CHECK, parse_count, None, "C",
+         "skip when the GPU is hotter than C degrees"),
+        ("strict-gpu", None, CHECK, "flag", False, None,
+         "a threshold the GPU cannot report (N/A, MIG) fails instead of "
+         "being noted"),
+    )),
+    ("living under cron, and the job", (
+        ("lock", None, HOW, str, None, "PATH",
+         "hold an exclusive flock on PATH from before the checks (until the "
+         "job ends, with -- COMMAND); held elsewhere: exit 75"),
+        ("wait", None, HOW, parse_seconds, None, "SECONDS",
+         "retry a failed check (69, 75) with backoff 1, 2, 4 .. 15 s until "
+         "ready or SECONDS have passed"),
+        ("jitter", None, HOW, parse_seconds, None, "SECONDS",
+         "sleep a random time up to SECONDS before the first attempt"),
+        ("share-result", None, HOW, parse_seconds, None, "SECONDS",
+         "reuse a ready verdict younger than SECONDS for the same check, and "
+         "wait for a check in flight instead of sending another"),
+        ("state-dir", None, HOW, str, None, "PATH",
+         "where shared verdicts and skip counts live (default "
+         "$XDG_RUNTIME_DIR/%s, %s for root, else /tmp/%s-UID)"
+         % (STATE_SUBDIR, ROOT_STATE_DIR, STATE_SUBDIR)),
+        ("metrics-file", None, HOW, str, None, "PATH",
+         "write Prometheus metrics there for node_exporter's textfile collector"),
+        ("log-changes-only", None, HOW, "flag", False, None,
+         "log only when the verdict changes (for every-minute schedules)"),
+    )),
+    ("output and logging", (
+        ("json", None, HOW, "flag", False, None,
+         "print one JSON object with the verdict on stdout"),
+        ("verbose", "-v", HOW, "flag", False, None,
+         "print the log line on stderr, even under cron"),
+        ("quiet", "-q", HOW, "flag", False, None, "print nothing on stderr"),
+        ("syslog-facility", None, HOW, parse_facility, FACILITIES["user"], "NAME",
+         "syslog facility (default user)"),
+        ("syslog-address", None, HOW, parse_syslog_address, DEFAULT_SYSLOG_ADDRESS,
+         "PATH|HOST:PORT", "syslog socket path or UDP collector (default %s)"
+         % DEFAULT_SYSLOG_ADDRESS),
+        ("no-syslog", None, HOW, "flag", False, None, "do not write to syslog"),
+        ("debug", None, HOW, "flag", False, None, "show a traceback on internal errors"),
+    )),
 )
 
 EPILOG = """\
@@ -809,7 +871,7 @@ examples:
   gpu_preflight --model llama3.2 --timeout 5 --deadline 15 && job
   gpu_preflight --gpu --max-util 30 --min-free-mib 20000 -- /opt/jobs/batch.sh
   gpu_preflight --api openai --host https://llm.example.org --token-file /etc/t
-  */10 * * * * gpu_preflight --lock /run/lock/gpu0.lock -- /opt/jobs/batch.sh
+  */10 * * * * /usr/local/bin/gpu_preflight --lock /run/gpu0.lock -- /opt/jobs/batch.sh
 
 A cold model (not loaded when the run starts) needs longer than the default
 3 s to load, and Ollama aborts a load when the client gives up: give the
@@ -845,23 +907,27 @@ def _argtype(parse):
     return convert
 
 
+def each_option():
+    """Every option's entry in OPTIONS, whatever its group."""
+    return [option for _, options in OPTIONS for option in options]
+
+
 def build_parser():
     """The command line: every option defaults to None (= not given)."""
     parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:7]),
                      epilog=EPILOG, allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, short, kind, default, metavar, text in OPTIONS:
-        flags = ([short] if short else []) + ["--" + name]
-        if kind == "flag":
-            parser.add_argument(*flags, action="store_true", default=None,
-                                help=text)
-        elif kind == "list":
-            parser.add_argument(*flags, action="append", default=None,
-                                metavar=metavar, help=text,
-                                type=_argtype(parse_ollama_option))
-        else:
-            parser.add_argument(*flags, metavar=metavar, help=text,
-                                type=_argtype(kind))
+    for title, options in OPTIONS:
+        group = parser.add_argument_group(title)
+        for name, short, _, kind, default, metavar, text in options:
+            flags = ([short] if short else []) + ["--" + name]
+            if kind == "flag":
+                group.add_argument(*flags, action="store_true", default=None, help=text)
+            elif kind == "list":
+                group.add_argument(*flags, action="append", default=None, metavar=metavar,
+                                   help=text, type=_argtype(parse_ollama_option))
+            else:
+                group.add_argument(*flags, metavar=metavar, help=text, type=_argtype(kind))
     parser.add_argument("--config", metavar="PATH",
                         help="config file (default %s when it exists; or "
                         "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
@@ -888,7 +954,7 @@ def read_config_file(path, must_exist):
         raise ConfigError("bad config file %s: %s" % (path, first))
     if not parser.has_section(CONFIG_SECTION):
         raise ConfigError("config file %s has no [%s] section" % (path, CONFIG_SECTION))
-    known = set(o[0] for o in OPTIONS)
+    known = set(o[0] for o in each_option())
     values = {}
     for key, text in parser.items(CONFIG_SECTION):
         name = key.replace("_", "-")
@@ -913,9 +979,9 @@ def untrusted(path):
     while True:
         mode = info.st_mode
         if info.st_uid not in owners:
-            return "%s is owned by uid %d, not by %s: chown root %s" % (
-                here, info.st_uid, "root" if owners[1] == 0 else "this user or root",
-                here)
+            return "%s is owned by %s, not by %s: chown root %s" % (
+                here, user_name(info.st_uid),
+                "root" if owners[1] == 0 else "this user or root", here)
         if stat.S_ISLNK(mode):
             hops += 1
             if hops > 40:
@@ -983,6 +1049,8 @@ def read_token(opts, environ):
     """
     path, where = opts.token_file, "GPU_PREFLIGHT_TOKEN"
     text = environ.get(ENV_PREFIX + "TOKEN", "")
+    if text.strip():
+        add_secret(text.strip())
     if path:
         where = "token file %s" % sanitise(path)
         try:
@@ -997,6 +1065,7 @@ def read_token(opts, environ):
         text = text.strip().split("\n")[0].strip()
         if not text:
             raise Fail(EX_CONFIG, "%s is empty" % where, "config")
+        add_secret(text)
     text = text.strip()
     if text and not re.match(r"^[\x21-\x7e]+$", text):
         raise Fail(EX_CONFIG, "the token in %s has characters an HTTP header cannot "
@@ -1040,7 +1109,7 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
     Raises ConfigError for a bad environment or file value.
     """
     opts = argparse.Namespace()
-    for name, _, kind, default, _, _ in OPTIONS:
+    for name, _, _, kind, default, _, _ in each_option():
         attr = name.replace("-", "_")
         value = getattr(ns, attr, None)
         env_name = ENV_PREFIX + attr.upper()
@@ -2149,12 +2218,27 @@ def take_lock(path):
     except OSError as exc:
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
         raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
+    owner = os.fstat(fd).st_uid
+    if owner not in (0, os.geteuid()):      # its owner could hold it forever
+        os.close(fd)
+        raise Fail(EX_CONFIG, "lock file %s is owned by %s, who could hold it and "
+                   "skip every run: put the lock in a directory only root can write, "
+                   "such as /run" % (sanitise(path), user_name(owner)), "lock")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
     except OSError:
         os.close(fd)
         raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
     return fd
+
+
+def user_name(uid):
+    """'uid 65534 (nobody)', for messages about who owns a file."""
+    import pwd
+    try:
+        return "uid %d (%s)" % (uid, pwd.getpwuid(uid).pw_name)
+    except KeyError:
+        return "uid %d" % uid
 
 
 def state_dir(opts, environ):
@@ -2187,7 +2271,8 @@ def state_key(opts, environ):
     import hashlib
     import zlib
     token = opts.token and hashlib.sha256(opts.token.encode("ascii")).hexdigest()
-    check = json.dumps([getattr(opts, name) for name in CHECK_OPTIONS] + [
+    check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
+                        for o in each_option() if o[2] == CHECK] + [
         environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
                                      ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
     name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, opts.model or ""))
@@ -2280,6 +2365,18 @@ class Shared(object):
         self.previous = read_state(self.base + ".json")
         return self.reusable(since if waited else None)
 
+    def unchanged(self, run):
+        """Whether this verdict repeats the last one logged (--log-changes-
+        only). Verdicts that say nothing of the service (a lock held, a bad
+        configuration) are compared only with each other, and never move the
+        service's; the first verdict after a configuration error is news."""
+        before = self.previous
+        if run.stage in NOT_A_CHECK:
+            return before.get("aside") == [run.code, run.stage]
+        aside = before.get("aside")
+        after_error = isinstance(aside, list) and aside[1:] in (["config"], ["command"])
+        return before.get("logged") == run.code and not after_error
+
     def save(self, run):
         """Record this run (a check's verdict, the skip count, what was
         logged) and release the flight lock; returns the skip count."""
@@ -2288,10 +2385,15 @@ class Shared(object):
             and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
         if checked:
             state.update(time=time.time(), code=run.code, stage=run.stage,
-                         reason=run.reason, model=run.model, pid=os.getpid(),
+                         reason=redact(run.reason), model=run.model, pid=os.getpid(),
                          skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
-        if not run.unchanged:
-            state["logged"] = run.code
+        aside = run.stage in NOT_A_CHECK
+        if aside and not run.unchanged:
+            state["aside"] = [run.code, run.stage]
+        elif not aside:
+            state.pop("aside", None)
+            if not run.unchanged:
+                state["logged"] = run.code
         try:
             if state != self.previous:
                 write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
@@ -2346,15 +2448,30 @@ def exec_job(path, argv, lock_fd, inherited):
     except (OSError, ValueError):
         pass
     try:
+        env = job_environment()
         try:
-            os.execv(path, argv)
+            os.execve(path, argv, env)
         except OSError as exc:
             if exc.errno != errno.ENOEXEC:
                 raise
-            os.execv("/bin/sh", ["/bin/sh", path] + argv[1:])
+            os.execve("/bin/sh", ["/bin/sh", path] + argv[1:], env)
     except OSError as exc:
         return (EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC,
                 "cannot run %s: %s" % (sanitise(path), exc.strerror))
+
+
+def job_environment():
+    """The environment this process was given (Python 3.7+ adds LC_CTYPE to
+    its own under the C locale), less the token: the job has credentials of
+    its own, and a secret goes no further than it must."""
+    try:
+        with open("/proc/self/environ", "rb") as handle:
+            env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0")
+                       if b"=" in item)
+    except OSError:
+        env = dict(os.environb)
+    env.pop((ENV_PREFIX + "TOKEN").encode("ascii"), None)
+    return env
 
 
 def keep_state(run, shared):
@@ -2365,7 +2482,7 @@ def keep_state(run, shared):
         before = shared.previous
         if run.code == EX_OK and before.get("skips") and not run.reused:
             run.notes.append("recovered after %d skips" % before["skips"])
-        run.unchanged = bool(opts.log_changes_only) and before.get("logged") == run.code
+        run.unchanged = bool(opts.log_changes_only) and shared.unchanged(run)
         try:
             skips = shared.save(run)
         except OSError as exc:
@@ -2529,9 +2646,7 @@ def report(run):
     opts = run.opts
     elapsed_ms = (time.monotonic() - run.started) * 1000.0
 
-    def hide(text):     # a server that echoes the token must not get it logged
-        return text.replace(opts.token, "[token]") if opts.token else text
-
+    hide = redact       # again on the whole output: nothing echoed gets out
     line = hide(log_line(run, elapsed_ms))
     problem = None
     if not opts.no_syslog and not run.unchanged:
@@ -2582,6 +2697,8 @@ def main(argv=None, started=None):
     """
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
+    _SECRETS["pieces"].clear()
+    _SECRETS["short"].clear()
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[args.index("--") + 1:] if "--" in args else None
     args = args[:args.index("--")] if command is not None else args

@@ -64,6 +64,22 @@ class RunTheJobTest(JobCase):
         res = self.run_gp(["--host", emu.url, "--", "/bin/sh", "-c", "exit 7"])
         self.assertEqual(res.code, 7, res)
 
+    def test_the_job_does_not_inherit_the_token(self):
+        # issue 9.10: a secret goes no further than it must
+        emu = self.emulator()
+        out = self.path("env")
+        env = support.cron_env(GPU_PREFLIGHT_TOKEN="gpfl-secret-token-1234",
+                               GPU_PREFLIGHT_TIMEOUT="2", JOB_SETTING="kept")
+        res = self.run_gp(["--host", emu.url, "--", "/bin/sh", "-c", "env > " + out],
+                          env=env)
+        self.assertEqual(res.code, 0, res)
+        with open(out) as handle:
+            seen = handle.read().splitlines()
+        self.assertIn("JOB_SETTING=kept", seen)
+        self.assertIn("GPU_PREFLIGHT_TIMEOUT=2", seen)
+        self.assertFalse([line for line in seen if "gpfl-secret" in line], seen)
+        self.assertFalse([line for line in seen if line.startswith("LC_")], seen)
+
     def test_a_script_without_shebang_runs_under_sh(self):
         emu = self.emulator()
         script = self.path("job")
@@ -195,6 +211,36 @@ class LockTest(JobCase):
         with open(self.path("m.prom")) as handle:
             self.assertEqual(handle.read(), before, "a lock conflict rewrote the metrics")
         self.assertEqual(self.finish(job)[0], 0)
+
+
+    def test_a_lock_conflict_never_hides_the_next_real_verdict(self):
+        # issue 9.4: verdicts that say nothing about the service (a lock held)
+        # are compared only with each other, never with the service's
+        emu = self.emulator()
+        lock = self.path("gpu.lock")
+        args = ["--host", emu.url, "--lock", lock, "--state-dir", self.state,
+                "--log-changes-only"]
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(len(self.sink.messages()), 1)
+        emu.mode = "busy"
+        job = self.start(args + ["--", "/bin/sleep", "3"])
+        self.assertEqual(self.finish(job)[0], 75)         # busy: logged, no job
+        self.assertIn("server busy", self.sink.messages()[0])
+        emu.mode = "healthy"
+        job = self.start(args + ["--", "/bin/sleep", "3"])
+        time.sleep(1.0)
+        self.sink.messages(wait=0.2)
+        for _ in range(2):
+            self.assertEqual(self.run_gp(args).code, 75)
+        lines = self.sink.messages(wait=0.3)
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("locked by another job", lines[0])
+        self.assertEqual(self.finish(job)[0], 0)
+        emu.mode = "busy"
+        self.assertEqual(self.run_gp(args).code, 75)      # real 75 after a lock's 75
+        lines = self.sink.messages(wait=0.3)
+        self.assertEqual(len(lines), 1, "the real 75 after a lock conflict was not logged")
+        self.assertIn("server busy", lines[0])
 
 
 class WaitTest(JobCase):

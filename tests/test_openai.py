@@ -187,6 +187,39 @@ class TokenTest(OpenAICase):
             self.assertNotIn(TOKEN, text)
         self.assertIn("bad key [token]", res.stdout)
 
+    def test_an_echoed_token_never_shows_a_piece_of_itself(self):
+        # issue 9.8 and 9.9: redaction comes before any cut or escaping, and
+        # covers every 8 characters of the token, in every output and the state
+        tokens = ('q"uo\\te=' * 40)[:300], 'ab"cd\\ef=gh' * 3, "Z" * 7 + '"x\\=' * 60
+        for token in tokens:
+            echoes = {
+                "json": lambda h: json.dumps({"error": "bad key %s" % h}).encode(),
+                "text": lambda h: ("denied: %s" % h).encode(),
+                "openai": lambda h: json.dumps({"error": {"message": h * 2}}).encode()}
+            for form, make in sorted(echoes.items()):
+                with self.subTest(token=token[:12], form=form):
+                    def answer(method, path, n):    # echoes the header it got
+                        return 401, make("Bearer " + token)
+                    url = self.scripted_server(answer)
+                    state = tempfile.mkdtemp(dir=self.dir)
+                    self.sink.messages(wait=0.01)
+                    res = self.check(url, "--json", "-v", "--share-result", "60",
+                                     "--log-changes-only", "--state-dir", state,
+                                     env=support.cron_env(GPU_PREFLIGHT_TOKEN=token))
+                    self.assertEqual(res.code, 78, res)
+                    outputs = [res.stdout, res.stderr] + self.sink.messages()
+                    for name in os.listdir(state):
+                        with open(os.path.join(state, name), errors="replace") as handle:
+                            outputs.append(handle.read())
+                    self.assertIn("[token]", res.stdout)
+                    escaped = (token, json.dumps(token)[1:-1],
+                               token.replace("\\", "\\\\").replace('"', '\\"'))
+                    for text in outputs:
+                        for shown in escaped:
+                            for i in range(len(shown) - 7):
+                                self.assertNotIn(shown[i:i + 8], text)
+                    json.loads(res.stdout)      # the redaction kept the JSON whole
+
     def test_token_file_readable_by_others_is_refused_as_root(self):
         if os.geteuid() != 0:
             self.skipTest("the check applies to root")
@@ -256,6 +289,15 @@ class TLSTest(OpenAICase):
         for _ in range(2):
             fields = self.verdict(self.check(proxy.url, "--insecure"), 0)
             self.assertEqual(fields["problem"], "TLS certificates not verified (--insecure)")
+
+    def test_an_insecure_verdict_is_not_shared_with_a_run_that_verifies(self):
+        # issue 9.3: --insecure, --cafile and --api define the check
+        proxy, backend = self.proxy(self.ca["other_cert"], self.ca["other_key"])
+        state = tempfile.mkdtemp(dir=self.dir)
+        shared = ["--share-result", "60", "--state-dir", state]
+        self.verdict(self.check(proxy.url, "--insecure", *shared), 0)
+        self.verdict(self.check(proxy.url, *shared), 78, "health", "certificate verify failed")
+        self.verdict(self.check(proxy.url, "--cafile", self.ca["ca"], *shared), 78, "health")
 
     def test_bad_cafile_is_78(self):
         proxy, backend = self.proxy(self.ca["server_cert"], self.ca["server_key"])

@@ -237,8 +237,13 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual([(g["index"], g["uuid"], g["free_mib"], g["util_pct"], g["temp_c"])
                           for g in gpus],
                          [(0, "GPU-aaaa", 143229, None, 29), (2, "GPU-cccc", 40829, 97, None)])
-        self.assertEqual(lost, [("00000000:62:00.0",
+        self.assertEqual(lost, [(None, "00000000:62:00.0",
                                  "GPU is lost. Reboot the system to recover this GPU")])
+        gpus, lost = gp.parse_smi_csv(
+            "Unable to determine the device handle for GPU1: 0000:62:00.0: GPU is lost.  "
+            "Reboot the system to recover this GPU\n")
+        self.assertEqual(lost, [(1, "0000:62:00.0", "GPU is lost.  Reboot the system to "
+                                 "recover this GPU")])
 
     def test_smi_apps_counts_per_uuid_and_empty_output(self):
         self.assertEqual(gp.parse_smi_apps("GPU-a, 1\nGPU-a, 2\nGPU-b, 3\n"),
@@ -450,6 +455,115 @@ def quietly(function, *args):
         return function(*args), out.getvalue(), err.getvalue()
     finally:
         sys.stdout, sys.stderr = saved
+
+
+class StateKeyTest(unittest.TestCase):
+    """--share-result: callers share a verdict only when every option that
+    defines the check is the same (issue 9.3). The roles come from the one
+    options table; every option needs a second value here, so a new option
+    cannot be forgotten by the key or by this test."""
+
+    #: A value other than the default, as given on the command line.
+    OTHER = {
+        "host": "http://127.0.0.2:11434", "api": "openai", "token-file": "/etc/t",
+        "cafile": "/etc/ca.pem", "insecure": None, "timeout": "7", "deadline": "30",
+        "model": "qwen3", "warmup": "load", "keep-alive": "10m",
+        "ollama-option": "num_ctx=8192", "allow-cpu": None, "gpu": None,
+        "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
+        "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
+        "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
+        "wait": "30", "jitter": "5", "share-result": "120", "state-dir": "/tmp/s",
+        "metrics-file": "/tmp/m.prom", "log-changes-only": None, "json": None,
+        "verbose": None, "quiet": None, "syslog-facility": "daemon",
+        "syslog-address": "127.0.0.1:514", "no-syslog": None, "debug": None,
+    }
+
+    def key(self, argv=(), env=None, token=None):
+        opts = gp.resolve_options(gp.build_parser().parse_args(list(argv)), env or {}, {})
+        opts.token = token
+        return gp.state_key(opts, env or {})
+
+    def test_every_option_that_defines_the_check_changes_the_key_and_no_other(self):
+        base = self.key()
+        roles = dict((o[0], o[2]) for o in gp.each_option())
+        self.assertEqual(set(roles), set(self.OTHER), "classify and sample every option")
+        self.assertIn(gp.HOW, roles.values())
+        for name, role in sorted(roles.items()):
+            with self.subTest(option=name, role=role):
+                value = self.OTHER[name]
+                argv = ["--" + name] + ([] if value is None else [value])
+                if role == gp.CHECK:
+                    self.assertNotEqual(self.key(argv), base)
+                else:
+                    self.assertEqual(role, gp.HOW)
+                    self.assertEqual(self.key(argv), base)
+        for name in ("insecure", "cafile", "api", "host", "model", "timeout"):
+            self.assertEqual(roles[name], gp.CHECK, name)
+        for name in ("verbose", "json", "metrics-file", "quiet", "debug"):
+            self.assertEqual(roles[name], gp.HOW, name)
+
+    def test_the_token_and_the_gpus_the_environment_selects_change_the_key(self):
+        base = self.key()
+        self.assertNotEqual(self.key(token="a"), base)
+        self.assertNotEqual(self.key(token="a"), self.key(token="b"))
+        for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_PREFLIGHT_ROOT"):
+            self.assertNotEqual(self.key(env={var: "GPU-1"}), base, var)
+
+
+class RedactTest(unittest.TestCase):
+    def tearDown(self):
+        gp._SECRETS["pieces"].clear()
+        gp._SECRETS["short"].clear()
+
+    def test_any_eight_characters_of_the_token_are_hidden_and_quoting_survives(self):
+        import json
+        token = 'ab"cd\\ef=gh' * 20
+        gp.add_secret(token)
+        for text in ("x Bearer %s y" % token, token[:9], token[37:61] + " tail",
+                     json.dumps({"reason": "pre %s post" % token}),
+                     gp.quote("bad " + token)):
+            with self.subTest(text=text[:20]):
+                shown = gp.redact(text)
+                self.assertIn("[token]", shown)
+                for form in (token, json.dumps(token)[1:-1]):
+                    for i in range(len(form) - 7):
+                        self.assertNotIn(form[i:i + 8], shown)
+        self.assertEqual(json.loads(gp.redact(json.dumps({"r": token + '"'}))),
+                         {"r": '[token]"'})
+        self.assertEqual(gp.redact("nothing secret"), "nothing secret")
+
+    def test_a_short_token_is_hidden_whole(self):
+        gp.add_secret("s3cr3t")
+        self.assertEqual(gp.redact("key s3cr3t!"), "key [token]!")
+
+    def test_sanitise_redacts_before_it_cuts(self):
+        token = "T0k3n-" * 60
+        gp.add_secret(token)
+        shown = gp.sanitise("x" * 190 + token)
+        self.assertNotIn("T0k3n-T0", shown)
+        self.assertIn("[token]", shown)
+
+
+class TrustTest(unittest.TestCase):
+    def test_a_plain_root_path_passes_and_a_world_writable_one_does_not(self):
+        if os.geteuid() != 0:
+            self.skipTest("ownership as root")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "f")
+            open(path, "w").close()
+            os.chmod(path, 0o644)
+            self.assertIsNone(gp.untrusted(path))
+            os.chmod(path, 0o646)
+            self.assertIn("writable by group or others (mode 0646)", gp.untrusted(path))
+            os.chmod(path, 0o644)
+            os.chmod(tmp, 0o777)
+            self.assertIn("%s is writable" % tmp, gp.untrusted(path))
+            os.chmod(tmp, 0o1777)
+            self.assertIsNone(gp.untrusted(path))
+            os.symlink("f", os.path.join(tmp, "link"))
+            self.assertIsNone(gp.untrusted(os.path.join(tmp, "link")))
+            os.mkdir(os.path.join(tmp, "d"), 0o755)
+            self.assertIsNone(gp.untrusted(os.path.join(tmp, "d", "..", "f")))
 
 
 class MainInProcessTest(unittest.TestCase):

@@ -1,0 +1,230 @@
+"""Files root reads configuration or secrets from, or loads code from, are
+trusted only when no one else could have written them (issue 9, items 5-7).
+
+The model is OpenSSH's StrictModes: the file and every directory above it are
+owned by root (or, not running as root, by the user or root) and writable by
+no one else; a sticky world-writable directory such as /tmp is fine above an
+entry that passes; a symlink is judged by its owner, its directory and what it
+points to. Each test plants a file as another user (uid 65534, nobody) or
+leaves it writable by others, runs the real script as root in cron's
+environment, and asserts 78 naming the file and the fix, and that nothing was
+sent, read or loaded. A library whose constructor leaves a marker file proves
+that a refused NVML library never ran a byte as root, and that an accepted one
+did (so the check can fail). Needs root (chown); CI runs as root.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import fakes
+import support
+from test_contract import ContractCase
+
+NOBODY = 65534
+
+#: A libnvidia-ml.so.1 stand-in whose constructor proves it was loaded.
+PLANTED_C = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void planted(void)
+{
+    const char *path = getenv("PLANTED_MARKER");
+    int fd = path ? open(path, O_CREAT | O_WRONLY, 0600) : -1;
+    if (fd >= 0)
+        close(fd);
+}
+"""
+
+
+class TrustCase(ContractCase):
+    def setUp(self):
+        ContractCase.setUp(self)
+        if os.geteuid() != 0:
+            self.skipTest("planting files as another user needs root")
+        self.dir = tempfile.mkdtemp(prefix="gpfl-trust-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.emu = self.emulator()
+        self.marker = os.path.join(self.dir, "planted-ran")
+
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def write(self, path, text, mode=0o644, uid=0):
+        with open(path, "w") as handle:
+            handle.write(text)
+        os.chmod(path, mode)
+        os.chown(path, uid, uid)
+        return path
+
+    def mkdir(self, path, mode=0o755, uid=0):
+        os.mkdir(path)
+        os.chmod(path, mode)
+        os.chown(path, uid, uid)
+        return path
+
+    def planted_lib(self, directory, uid=0, mode=0o755):
+        support.require_tool(self, "cc")
+        source = self.write(self.path("planted.c"), PLANTED_C)
+        lib = os.path.join(directory, "libnvidia-ml.so.1")
+        subprocess.check_call([fakes.find_compiler(), "-shared", "-fPIC", "-o", lib, source])
+        os.chmod(lib, mode)
+        os.chown(lib, uid, uid)
+        return lib
+
+    def config(self, text, directory=None, **kwargs):
+        return self.write(os.path.join(directory or self.dir, "gp.conf"),
+                          "[gpu_preflight]\nhost = %s\n%s" % (self.emu.url, text), **kwargs)
+
+    def refused(self, args, text, env=None, stage="config"):
+        res = self.run_gp(args, env=support.cron_env(PLANTED_MARKER=self.marker,
+                                                     **(env or {})))
+        fields = self.assertSkip(res, 78, stage, text)
+        self.assertEqual(self.emu.requests, [], "a request went out")
+        self.assertFalse(os.path.exists(self.marker), "the planted library ran as root")
+        return fields
+
+
+class ConfigFileTest(TrustCase):
+    def test_a_config_file_another_user_owns_is_refused_and_its_library_never_loaded(self):
+        lib = self.planted_lib(self.mkdir(self.path("lib")))
+        conf = self.config("nvml-lib = %s\n" % lib, uid=NOBODY)
+        fields = self.refused(["--config", conf], "config file %s: others could have "
+                              "written it: %s is owned by uid 65534" % (conf, conf))
+        self.assertIn("chown root %s" % conf, fields["reason"])
+
+    def test_a_config_file_others_can_write_is_refused(self):
+        conf = self.config("gpu = yes\n", mode=0o666)
+        self.refused(["--config", conf], "is writable by group or others (mode 0666): "
+                     "chmod go-w %s" % conf)
+        conf = self.config("gpu = yes\n", mode=0o620)
+        self.sink.messages(wait=0.01)
+        self.refused(["--config", conf], "(mode 0620)")
+
+    def test_a_directory_above_that_others_can_write_is_refused_unless_sticky(self):
+        open_dir = self.mkdir(self.path("open"), 0o777)
+        conf = self.config("", directory=open_dir)
+        self.refused(["--config", conf], "%s is writable by group or others (mode 0777)"
+                     % open_dir)
+        sticky = self.mkdir(self.path("sticky"), 0o1777)
+        conf = self.config("", directory=sticky)
+        res = self.run_gp(["--config", conf])
+        self.assertEqual(res.code, 0, res)
+
+    def test_a_symlink_another_user_planted_is_refused(self):
+        conf = self.config("", mode=0o600)
+        theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
+        link = os.path.join(theirs, "gp.conf")
+        os.symlink(conf, link)
+        self.refused(["--config", link], "%s is owned by uid 65534" % theirs)
+        os.lchown(link, NOBODY, NOBODY)
+        mine = self.mkdir(self.path("mine"))
+        mylink = os.path.join(mine, "gp.conf")
+        os.symlink(link, mylink)             # root's link to the planted link
+        self.sink.messages(wait=0.01)
+        self.refused(["--config", mylink], "owned by uid 65534")
+
+    def test_a_symlink_root_made_is_followed(self):
+        conf = self.config("timeout = 2\n", mode=0o600)
+        mine = self.mkdir(self.path("mine"))
+        os.symlink(os.path.join("..", "gp.conf"), os.path.join(mine, "gp.conf"))
+        res = self.run_gp(["--config", os.path.join(mine, "gp.conf")])
+        self.assertEqual(res.code, 0, res)
+
+
+class TokenFileTest(TrustCase):
+    def test_a_token_file_reached_through_another_users_symlink_is_never_sent(self):
+        secret = self.write(self.path("root-only"), "root-secret-contents\n", mode=0o600)
+        theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
+        link = os.path.join(theirs, "token")
+        os.symlink(secret, link)
+        os.lchown(link, NOBODY, NOBODY)
+        fields = self.refused(["--host", self.emu.url, "--token-file", link],
+                              "cannot read token file %s: others could have written it"
+                              % link)
+        self.assertNotIn("root-secret", fields["reason"])
+
+    def test_a_token_file_another_user_owns_is_refused(self):
+        token = self.write(self.path("token"), "abc\n", mode=0o600, uid=NOBODY)
+        self.refused(["--host", self.emu.url, "--token-file", token],
+                     "owned by uid 65534")
+
+
+class CafileTest(TrustCase):
+    def test_a_ca_file_another_user_owns_is_refused(self):
+        ca = self.write(self.path("ca.pem"), "not read\n", uid=NOBODY)
+        self.refused(["--host", "https://127.0.0.1:9", "--cafile", ca],
+                     "cannot use --cafile %s: others could have written it" % ca)
+
+
+class NvmlLibraryTest(TrustCase):
+    def gpu_args(self, *extra):
+        return ["--host", self.emu.url, "--gpu-backend", "nvml"] + list(extra)
+
+    def test_an_nvml_library_others_could_write_is_never_loaded(self):
+        for uid, mode, text in ((NOBODY, 0o755, "owned by uid 65534"),
+                                (0, 0o775, "writable by group or others (mode 0775)")):
+            with self.subTest(uid=uid, mode=mode):
+                self.sink.messages(wait=0.01)
+                lib = self.planted_lib(tempfile.mkdtemp(dir=self.dir), uid, mode)
+                self.refused(self.gpu_args("--nvml-lib", lib), "NVML library %s: others "
+                             "could have written it" % lib, stage="gpu")
+
+    def test_a_library_found_by_the_search_in_another_users_directory_is_never_loaded(self):
+        theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
+        self.planted_lib(theirs)
+        self.refused(self.gpu_args(), "NVML library %s/libnvidia-ml.so.1: others could "
+                     "have written it: %s is owned by uid 65534" % (theirs, theirs),
+                     env=dict(LD_LIBRARY_PATH=theirs), stage="gpu")
+
+    def test_a_trusted_library_is_loaded(self):
+        lib = self.planted_lib(self.mkdir(self.path("lib")))
+        res = self.run_gp(self.gpu_args("--nvml-lib", lib),
+                          env=support.cron_env(PLANTED_MARKER=self.marker))
+        self.assertTrue(os.path.exists(self.marker), "the marker proves nothing")
+        self.assertEqual(res.code, 69, res)     # no NVML symbols in it
+
+
+class LockFileTest(TrustCase):
+    def test_a_lock_another_user_created_first_is_refused(self):
+        sticky = self.mkdir(self.path("lock"), 0o1777)
+        lock = self.write(os.path.join(sticky, "gpu0.lock"), "", uid=NOBODY)
+        res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
+        self.assertSkip(res, 78, "lock", "lock file %s is owned by uid 65534 (nobody)"
+                        % lock)
+        os.chown(lock, 0, 0)
+        res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
+        self.assertEqual(res.code, 0, res)
+
+
+class NotRootTest(TrustCase):
+    """Not running as root: the user's own files and root's are trusted."""
+
+    def run_as(self, uid, args):
+        os.chmod(self.dir, 0o755)
+        script = self.path("gpu_preflight.py")
+        shutil.copy(support.SCRIPT, script)
+        proc = subprocess.Popen(
+            ["/usr/bin/python3", script, "--no-syslog", "--json"] + args,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env=support.cron_env(), cwd="/", preexec_fn=lambda: (os.setgid(uid),
+                                                                 os.setuid(uid)))
+        out, err = proc.communicate(timeout=30)
+        return proc.returncode, out.decode(), err.decode()
+
+    def test_the_users_own_and_roots_files_pass_anothers_do_not(self):
+        for uid, code in ((NOBODY, 0), (0, 0), (1, 78)):
+            with self.subTest(owner=uid):
+                conf = self.config("timeout = 2\n", uid=uid)
+                status, out, err = self.run_as(NOBODY, ["--config", conf])
+                self.assertEqual(status, code, (out, err))
+                if code:
+                    self.assertIn("owned by uid 1 (daemon), not by this user or root",
+                                  out)
+
+
+if __name__ == "__main__":
+    unittest.main()
