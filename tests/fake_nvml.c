@@ -6,9 +6,11 @@
  *          nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetComputeRunningProcesses_v3
  *          or _v2 (ctypes then raises AttributeError on lookup)
  *
- * Signatures, struct layouts and error codes follow nvml.h as quoted in
- * shared/reference/nvml.md s.2; no NVIDIA header is used. tests/fakes.py
- * builds it (build_fake_nvml).
+ * Signatures, struct layouts and error codes are nvml.h's: built plain it
+ * declares what it needs itself (below); tests/test_nvml_header.py builds it
+ * with -DFAKE_NVML_WITH_HEADER against NVIDIA's nvml.h (the nvidia-nvml-dev
+ * wheel), where the compiler holds each function against NVIDIA's
+ * declaration. tests/fakes.py builds it (build_fake_nvml).
  *
  * The scenario is read with getenv() at call time, so one build serves every
  * test:
@@ -47,10 +49,20 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef int nvmlReturn_t;
-typedef struct dev *nvmlDevice_t;
-
-enum {
+#ifdef FAKE_NVML_WITH_HEADER
+/* tests/test_nvml_header.py builds with -DFAKE_NVML_WITH_HEADER and NVIDIA's
+ * nvml.h on the include path, so that the compiler holds every function
+ * below against NVIDIA's declaration of it. NVML_NO_UNVERSIONED_FUNC_DEFS
+ * keeps the unversioned names what they are in the library, the old-ABI
+ * symbols (without it nvml.h #defines nvmlDeviceGetComputeRunningProcesses
+ * to its _v3, nvmlInit to nvmlInit_v2 and so on) and makes nvml.h declare
+ * them. */
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
+#else
+/* Without the header: the few declarations this file needs, as nvml.h has
+ * them (names, values, field order). */
+typedef enum nvmlReturn_enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
@@ -63,17 +75,42 @@ enum {
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999
-};
+} nvmlReturn_t;
 
-/* nvml.h L255-261: 24 bytes, order total, free, used */
-typedef struct {
+typedef struct nvmlDevice_st *nvmlDevice_t;     /* opaque */
+
+typedef enum nvmlEnableState_enum {
+    NVML_FEATURE_DISABLED = 0,
+    NVML_FEATURE_ENABLED = 1
+} nvmlEnableState_t;
+
+typedef enum nvmlTemperatureSensors_enum {
+    NVML_TEMPERATURE_GPU = 0,
+    NVML_TEMPERATURE_GPU_MAX = 1,
+    NVML_TEMPERATURE_COUNT
+} nvmlTemperatureSensors_t;
+
+typedef enum nvmlMemoryErrorType_enum {
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0,
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1,
+    NVML_MEMORY_ERROR_TYPE_COUNT
+} nvmlMemoryErrorType_t;
+
+typedef enum nvmlEccCounterType_enum {
+    NVML_VOLATILE_ECC = 0,
+    NVML_AGGREGATE_ECC = 1,
+    NVML_ECC_COUNTER_TYPE_COUNT
+} nvmlEccCounterType_t;
+
+/* 24 bytes, order total, free, used */
+typedef struct nvmlMemory_st {
     unsigned long long total;
     unsigned long long free;
     unsigned long long used;
 } nvmlMemory_t;
 
-/* nvml.h L268-275: 40 bytes (4 bytes of padding after version) */
-typedef struct {
+/* 40 bytes (4 bytes of padding after version) */
+typedef struct nvmlMemory_v2_st {
     unsigned int version;
     unsigned long long total;
     unsigned long long reserved;
@@ -81,27 +118,29 @@ typedef struct {
     unsigned long long used;
 } nvmlMemory_v2_t;
 
-#define nvmlMemory_v2 0x02000028u
+/* NVML_STRUCT_VERSION(Memory, 2) */
+#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24U)))
 
-/* nvml.h L245-249: 8 bytes */
-typedef struct {
+/* 8 bytes */
+typedef struct nvmlUtilization_st {
     unsigned int gpu;
     unsigned int memory;
 } nvmlUtilization_t;
 
-/* nvml.h L293-299: 16 bytes */
-typedef struct {
+/* 16 bytes */
+typedef struct nvmlProcessInfo_v1_st {
     unsigned int pid;
     unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t;
 
-/* nvml.h L304-314: 24 bytes; what _v3 and _v2 take */
-typedef struct {
+/* 24 bytes; what _v3 (as nvmlProcessInfo_t) and _v2 take */
+typedef struct nvmlProcessInfo_v2_st {
     unsigned int pid;
     unsigned long long usedGpuMemory;
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
-} nvmlProcessInfo_v2_t;
+} nvmlProcessInfo_v2_t, nvmlProcessInfo_t;
+#endif /* FAKE_NVML_WITH_HEADER */
 
 #define MIB 1048576ULL
 #define MAX_GPUS 6
@@ -268,6 +307,12 @@ static void setup_devs(void)
     devs_ready = 1;
 }
 
+/* The handle of a record (nvmlDevice_t is an opaque pointer). */
+static nvmlDevice_t handle_of(struct dev *d)
+{
+    return (nvmlDevice_t)(void *)d;
+}
+
 /* The record behind a handle handed out now, else NULL. Compares for
  * equality against every record, so a truncated or made-up pointer is
  * never dereferenced. */
@@ -276,7 +321,7 @@ static struct dev *lookup(nvmlDevice_t handle)
     int i, count = gpu_count();
 
     for (i = 0; i < NDEVS; i++) {
-        if (handle != &devs[i])
+        if (handle != handle_of(&devs[i]))
             continue;
         if (devs[i].index >= count)
             return NULL;
@@ -406,7 +451,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index,
         return NVML_ERROR_NO_PERMISSION;
     if (mode == M_LOST && (int)index == target_index())
         return NVML_ERROR_GPU_IS_LOST;
-    *device = &devs[index];
+    *device = handle_of(&devs[index]);
     return NVML_SUCCESS;
 }
 
@@ -530,13 +575,14 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensorType,
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
+                                      nvmlTemperatureSensors_t sensorType,
                                       unsigned int *temp)
 {
     enum mode mode;
     DEVICE_ENTRY(device, d);
 
-    if (temp == NULL || sensorType != 0)
+    if (temp == NULL || sensorType != NVML_TEMPERATURE_GPU)
         return NVML_ERROR_INVALID_ARGUMENT;
     mode = get_mode();
     if (mode == M_UNSUPPORTED || d->slot >= 0)
@@ -639,7 +685,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device,
 
 #ifndef FAKE_OLD_DRIVER
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(
-    nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos)
+    nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos)
 {
     LOG();
     return running_processes(device, infoCount, NULL, infos, 0);
@@ -701,7 +747,7 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device,
         return NVML_ERROR_NOT_SUPPORTED;
     if (index >= MIG_USED_SLOTS)
         return NVML_ERROR_NOT_FOUND;
-    *migDevice = &devs[MAX_GPUS + d->index * MIG_SLOTS + (int)index];
+    *migDevice = handle_of(&devs[MAX_GPUS + d->index * MIG_SLOTS + (int)index]);
     return NVML_SUCCESS;
 }
 
@@ -728,7 +774,7 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device,
 }
 
 nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
-                                                    int *isPending)
+                                                    nvmlEnableState_t *isPending)
 {
     DEVICE_ENTRY(device, d);
 
@@ -736,24 +782,30 @@ nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device,
         return NVML_ERROR_INVALID_ARGUMENT;
     if (d->slot >= 0)
         return NVML_ERROR_NOT_SUPPORTED;
-    *isPending = get_mode() == M_RETIRED && d->index == target_index() ? 1 : 0;
+    *isPending = get_mode() == M_RETIRED && d->index == target_index()
+                 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return NVML_SUCCESS;
 }
 
 /* Uncorrected errors (errorType 1), volatile (counterType 0): 2 on the
  * target GPU in mode ecc, else 0. */
-nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType,
-                                         int counterType,
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
+                                         nvmlMemoryErrorType_t errorType,
+                                         nvmlEccCounterType_t counterType,
                                          unsigned long long *eccCounts)
 {
     DEVICE_ENTRY(device, d);
 
-    if (eccCounts == NULL || errorType < 0 || errorType > 1 ||
-        counterType < 0 || counterType > 1)
+    if (eccCounts == NULL ||
+        (errorType != NVML_MEMORY_ERROR_TYPE_CORRECTED &&
+         errorType != NVML_MEMORY_ERROR_TYPE_UNCORRECTED) ||
+        (counterType != NVML_VOLATILE_ECC && counterType != NVML_AGGREGATE_ECC))
         return NVML_ERROR_INVALID_ARGUMENT;
     if (d->slot >= 0)
         return NVML_ERROR_NOT_SUPPORTED;
-    *eccCounts = (get_mode() == M_ECC && errorType == 1 && counterType == 0 &&
+    *eccCounts = (get_mode() == M_ECC &&
+                  errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED &&
+                  counterType == NVML_VOLATILE_ECC &&
                   d->index == target_index()) ? 2 : 0;
     return NVML_SUCCESS;
 }
