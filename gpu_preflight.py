@@ -97,6 +97,9 @@ MAX_BODY = 4 * 1024 * 1024
 MAX_ERROR_BODY = 64 * 1024
 MAX_CONFIG = 64 * 1024
 
+#: The most digits of an integer in a server's answer (parse_json()).
+MAX_INT_DIGITS = 4300
+
 #: Caps on server text quoted in a reason, and on a whole reason (chars).
 SERVER_TEXT_MAX = 200
 REASON_MAX = 1000
@@ -104,13 +107,18 @@ REASON_MAX = 1000
 #: Where syslog lines go unless --syslog-address says otherwise.
 DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
-#: The most a UDP collector's name lookup may hold the exit after the verdict
-#: (it started with the run, and never runs past the deadline).
-SYSLOG_DNS_WAIT = 0.2
+#: The most a UDP collector's name lookup, or a local stream socket, may
+#: hold the exit after the verdict (never past the deadline).
+SYSLOG_WAIT = 0.2
+
+#: What -v says when the syslog line could not be sent.
+NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
+             "systemd-journald) or name a listening socket or UDP collector with "
+             "--syslog-address; until then skips are printed on stderr")
 
 #: --wait: the first pause between attempts, doubled up to the last, and the
-#: time beyond a whole --timeout that a retry must have before the deadline.
-WAIT_FIRST, WAIT_MOST, RETRY_MARGIN = 1.0, 15.0, 0.25
+#: least time left before the deadline for which another attempt is made.
+WAIT_FIRST, WAIT_MOST, MIN_ATTEMPT = 1.0, 15.0, 0.5
 
 #: How often a caller waiting for another's check (--share-result) looks.
 FLIGHT_POLL = 0.02
@@ -193,8 +201,8 @@ _REFUSAL_RE = re.compile(r"""^(model ('[^']*'|"[^"]*") not found(, try pulling i
                          r"""|option "[^"]+" must be of type \w+)$""")
 
 #: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
-_DURATION_RE = re.compile(r"^[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|\u00b5s|ms|s|m|h))+$")
-_NUMBER_RE = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)$")
+_DURATION_RE = re.compile(r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$")
+_NUMBER_RE = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 _BARE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+%,\[\]-]+$")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
@@ -244,6 +252,28 @@ class _ParserExit(Exception):
 
 # ---- Pure parsers: values in, values out ------------------------------------
 
+def is_digits(text):
+    """ASCII digits only ("\u00b2".isdigit() is true, and int() refuses it)."""
+    return bool(re.match(r"^[0-9]+$", text))
+
+
+def parse_json(text):
+    """JSON text from a server as Python values. ValueError when it is not
+    JSON, nests too deeply, or holds an integer of more than MAX_INT_DIGITS
+    (Python 3.11's own limit: before it, parsing one is quadratic and holds
+    the interpreter past any deadline)."""
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+
+
+def _bounded_int(digits):
+    if len(digits) > MAX_INT_DIGITS:
+        raise ValueError("an integer of %d digits" % len(digits))
+    return int(digits)
+
+
 def parse_ollama_host(value):
     """Parse OLLAMA_HOST as Ollama does; return (base URL, warning or None).
 
@@ -268,7 +298,7 @@ def parse_ollama_host(value):
         host = hostport.strip("[]") if hostport else "127.0.0.1"
         got_port = port
     warning = None
-    if not got_port.isdigit() or int(got_port) > 65535:
+    if not is_digits(got_port) or int(got_port) > 65535:
         warning = "invalid port %r, using %s" % (got_port, port)
         got_port = port
     if ":" in host:
@@ -338,6 +368,8 @@ def parse_keep_alive(text):
     text = text.strip()
     if _NUMBER_RE.match(text):
         number = float(text)
+        if abs(number) > 1e9:       # Go's time.Duration ends at 292 years
+            raise ValueError("%r: more seconds than Ollama accepts" % text)
         return int(number) if number == int(number) else number
     if _DURATION_RE.match(text):
         return text
@@ -354,8 +386,10 @@ def parse_ollama_option(text):
     if key == "num_predict":
         raise ValueError("num_predict is fixed at 1 for the warm-up")
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = parse_json(raw)
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError):   # too deep, too long a number
+            raise ValueError("%s: %s" % (key, exc))
         value = raw
     return key, value
 
@@ -384,7 +418,7 @@ def parse_syslog_address(text):
     if "/" in text:
         return text
     host, port = _split_host_port(text)
-    if not host or not port or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port or not is_digits(port) or not 0 < int(port) < 65536:
         raise ValueError("%r: expected a socket path or HOST:PORT" % text)
     return (host, int(port))
 
@@ -411,7 +445,7 @@ def parse_choice(*choices):
 
 def parse_count(text, most=10 ** 9):
     """A whole number from 0 to most (MiB, percent, degrees, processes)."""
-    if not text.strip().isdigit() or int(text) > most:
+    if not is_digits(text.strip()) or int(text) > most:
         raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
     return int(text)
 
@@ -423,7 +457,7 @@ def parse_percent(text):
 def parse_gpu_ids(text):
     """--gpu-id: comma-separated NVML indexes or UUIDs (or UUID prefixes)."""
     ids = [item.strip() for item in text.split(",") if item.strip()]
-    bad = [item for item in ids if not (item.isdigit() or re.match(
+    bad = [item for item in ids if not (is_digits(item) or re.match(
         r"^(GPU|MIG)-[0-9A-Za-z/-]+$", item))]
     if not ids or bad:
         raise ValueError("%r: expected indexes or UUIDs (0,1 or GPU-8f3a...)" % text)
@@ -470,7 +504,7 @@ def parse_smi_apps(text):
     counts = {}
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[1].isdigit():
+        if len(fields) == 2 and is_digits(fields[1]):
             counts[fields[0]] = counts.get(fields[0], 0) + 1
     return counts
 
@@ -492,9 +526,9 @@ def parse_generate(data):
     """
     text = data.decode("utf-8", "replace")
     try:
-        objects = [json.loads(text)]
+        objects = [parse_json(text)]
     except ValueError:
-        objects = [json.loads(line) for line in text.splitlines() if line.strip()]
+        objects = [parse_json(line) for line in text.splitlines() if line.strip()]
     if not objects or not all(isinstance(o, dict) for o in objects):
         raise ValueError("not a JSON object")
     for obj in objects:
@@ -507,14 +541,14 @@ def error_text(value):
     """The message of {"error": "..."} or an OpenAI-style {"error": {...}}."""
     if isinstance(value, dict):
         value = value.get("message", value)
-    return str(value)
+    return value if isinstance(value, str) else "(an error of type %s)" % type(value).__name__
 
 
 def answer_message(body):
     """The error message inside an error answer, or its text."""
     text = body.decode("utf-8", "replace").strip()
     try:
-        doc = json.loads(text)
+        doc = parse_json(text)
     except ValueError:
         return text, False
     if isinstance(doc, dict) and "error" in doc:
@@ -702,7 +736,7 @@ def select_gpus(gpus, ids, environ):
         return [g for g in gpus if g["access"] and not g["parent"]], [], notes
 
     def matches(gpu, wanted):
-        if wanted.isdigit():
+        if is_digits(wanted):
             return gpu["index"] == int(wanted) and not gpu["parent"]
         if wanted.upper().startswith("MIG-GPU-"):       # MIG-GPU-<uuid>/gi/ci
             wanted = wanted[4:].split("/")[0]
@@ -890,9 +924,12 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError(message)
 
+    def _print_message(self, message, file=None):
+        emit("stderr" if file is sys.stderr else "stdout", message or "")
+
     def exit(self, status=0, message=None):
         if message:
-            sys.stderr.write(message)
+            emit("stderr", message)
         raise _ParserExit(status)
 
 
@@ -1007,6 +1044,8 @@ def read_trusted(path, limit):
     """The bytes of a small regular file that only this user or root could
     have written (untrusted()); raises ValueError saying why not."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError("not a regular file")
         problem = untrusted(path)
         if problem is None:
             return read_small_file(path, limit)
@@ -1343,7 +1382,8 @@ def nvml_snapshot(path):
 
     lib, why = None, "%s not found" % (path or NVML_NAME)
     for name in nvml_candidates(path):
-        if not os.path.exists(name):
+        if not os.path.isfile(name):        # missing, or a FIFO that would block
+            why = "%s is not a regular file" % name if os.path.exists(name) else why
             continue
         if "/stubs/" in os.path.realpath(name):
             why = "only the CUDA toolkit's stub library (%s)" % name
@@ -1516,17 +1556,16 @@ def amd_snapshot(root):
     """In the child: amdgpu's sysfs figures of every card[0-9]+ device."""
     base = os.path.join(root, "sys/class/drm")
 
-    def read(*parts):
+    def read(*parts):       # never blocks: sysfs files are regular
         try:
-            with open(os.path.join(*parts)) as handle:
-                return handle.read(4096).strip()
-        except (OSError, UnicodeDecodeError):
+            return read_small_file(os.path.join(*parts), 4096).decode("utf-8").strip()
+        except (OSError, ValueError):
             return ""
 
     def number(text, shift=0):
         try:
-            return int(text, 10) >> shift if text.isdigit() else None
-        except ValueError:      # "\u00b2".isdigit() is true
+            return int(text, 10) >> shift if is_digits(text) else None
+        except ValueError:
             return None
 
     gpus = []
@@ -1656,9 +1695,9 @@ class Client(object):
         """A 2xx answer parsed as a JSON object."""
         body = self.call(method, path, budget, payload)
         try:
-            doc = json.loads(body.decode("utf-8"))
-        except (ValueError, RecursionError):    # RecursionError: [[[[...
-            raise not_json("%s %s" % (method, path), body)
+            doc = parse_json(body.decode("utf-8"))
+        except ValueError as exc:
+            raise not_json("%s %s" % (method, path), body, exc)
         if not isinstance(doc, dict):
             raise Fail(EX_CONFIG, "not an %s server: %s %s did not answer a JSON "
                        "object" % ("OpenAI-compatible" if self.api == "openai"
@@ -1666,8 +1705,11 @@ class Client(object):
         return doc
 
 
-def not_json(what, body):
+def not_json(what, body, exc=None):
     """The failure for an answer that does not parse, quoting its start."""
+    if exc is not None and not isinstance(exc, (json.JSONDecodeError, UnicodeError)):
+        return Fail(EX_UNAVAILABLE, "%s: not a valid answer (not JSON this reads: %s)"
+                    % (what, exc))
     return Fail(EX_UNAVAILABLE, "%s: answer is not JSON: %s"
                 % (what, sanitise(body[:80].decode("latin-1"))))
 
@@ -1677,12 +1719,25 @@ def model_list(doc, what):
     models = doc.get("models")
     if not isinstance(models, list):
         raise Fail(EX_CONFIG, "not an Ollama server: %s has no models list" % what)
-    return [m for m in models if isinstance(m, dict)
-            and isinstance(m.get("name", m.get("model")), str)]
+    return [m for m in models if isinstance(m, dict) and _name(m)]
 
 
 def _name(entry):
-    return entry.get("name") or entry.get("model")
+    """A model entry's name ("name", else "model"), or None."""
+    return next((entry[key] for key in ("name", "model")
+                 if isinstance(entry.get(key), str) and entry[key].strip()), None)
+
+
+def whole_number(doc, key, what):
+    """doc[key] when it is a count a server could mean (0 to 2**63), None
+    when absent; otherwise Fail (69) naming the field."""
+    value = doc.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                         and 0 <= value < 2 ** 63):
+        return value
+    raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: %s is %s" % (
+        what, key, sanitise(repr(value)[:40]) if isinstance(value, (int, float, str))
+        else "a " + type(value).__name__))
 
 
 # ---- Stages: tags -> loaded -> warmup -> placement --------------------------
@@ -1703,6 +1758,7 @@ class Run(object):
         self.attempt = attempt      # --wait: which attempt this is
         self.reused = None          # --share-result: the state reused, if any
         self.problems = before.problems if before else []   # state, metrics, TLS
+        self.before = before and before.reason     # --wait: the last attempt's reason
         self.unchanged = False      # --log-changes-only: same verdict as last time
         if opts.insecure and before is None:
             self.problems.append("TLS certificates not verified (--insecure)")
@@ -1777,12 +1833,29 @@ class Run(object):
                 self.code, self.stage, self.reason = code, stage, reason
                 self.wake.set()
 
+    def interrupt(self, signum, stage):
+        """The verdict of SIGINT or SIGTERM, which replaces any other: also an
+        attempt's that --wait was pausing to retry."""
+        with self._lock:
+            if stage:
+                where = " during " + STAGE_WHAT[stage]
+            elif self.code is not None:
+                where = " while waiting to retry (%s)" % self.reason
+            else:
+                where = ""
+            self.code, self.stage = 128 + signum, stage
+            self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
+            self.wake.set()
+
     def timeout_reason(self, stage):
         """Why a stage ran out of time, with the cold-model fix when it applies."""
         budget = stage.ends_at - stage.started
         if budget < self.opts.timeout - 1e-3:
             text = "deadline of %gs reached during %s" % (
                 self.opts.deadline, STAGE_WHAT[stage.name])
+            if self.before:
+                text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
+                                                          self.before)
         else:
             text = "%s timed out after %gs" % (STAGE_WHAT[stage.name], self.opts.timeout)
         if stage.name == "warmup" and self.loaded_before is False:
@@ -1814,7 +1887,7 @@ def check_gpu(run):
         run.notes.extend(notes)
         if unmatched:               # a lost GPU without a UUID may be the one
             lost = [g for g in gpus if g["error"] and not g["uuid"]
-                    and not all(w.isdigit() for w in unmatched)]
+                    and not all(is_digits(w) for w in unmatched)]
             raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
                        "%s (found %s)%s" % (
                            ",".join(unmatched), "--gpu-id" if opts.gpu_id else
@@ -1914,8 +1987,8 @@ def check_service(run, client):
         answer = client.call("POST", "/api/generate", budget, payload)
         try:
             final, error = parse_generate(answer)
-        except (ValueError, RecursionError):
-            raise not_json("POST /api/generate", answer)
+        except ValueError as exc:
+            raise not_json("POST /api/generate", answer, exc)
         if error is not None:
             raise Fail(classify_runner_error(error),
                        "POST /api/generate: error from the model: %s" % sanitise(error))
@@ -1925,17 +1998,18 @@ def check_service(run, client):
         if final.get("done_reason") == "unload":
             raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
                        "model: nothing was loaded or run")
-        load_ns = final.get("load_duration")
-        if isinstance(load_ns, int) and load_ns > 1e9:
+        load_ns = whole_number(final, "load_duration", "POST /api/generate")
+        if load_ns and load_ns > 1e9:
             run.notes.append("model loaded in %.1fs" % (load_ns / 1e9))
 
     if not opts.allow_cpu:      # after the warm-up: a reload may land on the CPU
         with run.step("placement") as budget:
             running = running_models(run, client, budget)
-        if running is None:
-            run.notes.append("GPU placement not verified")
-        else:
-            check_placement(run, [m for m in running if same_model(_name(m), run.model)])
+            if running is None:
+                run.notes.append("GPU placement not verified")
+            else:
+                check_placement(run, [m for m in running
+                                      if same_model(_name(m), run.model)])
     return "%s answered %s" % (run.model, "a token" if opts.warmup == "token"
                                else "the load")
 
@@ -2031,11 +2105,11 @@ def check_placement(run, entries):
         run.notes.append("model not resident after the warm-up (server "
                          "keep-alive 0?), GPU placement not verified")
         return
-    size, vram = entries[0].get("size"), entries[0].get("size_vram")
-    if not isinstance(size, int) or not isinstance(vram, int) or size <= 0:
+    size, vram = (whole_number(entries[0], key, "GET /api/ps") for key in ("size", "size_vram"))
+    if not size or vram is None:
         run.notes.append("GPU placement not reported by the server")
         return
-    run.vram_pct = int(round(100.0 * vram / size))
+    run.vram_pct = min(100, int(round(100.0 * vram / size)))
     if vram == 0:
         raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
                    "lost the GPU (driver not ready, suspend/resume); restart "
@@ -2165,11 +2239,12 @@ def check_until_ready(run, shared):
 
 
 def retry_time(run):
-    """How long --wait may still pause before another attempt: the attempt
-    must have a whole --timeout before the deadline, or it is not made."""
+    """How long --wait may still pause before another attempt. Attempts go
+    on while time remains: the last gets what is left before the deadline
+    (its stages are cut there), and none is made with under MIN_ATTEMPT."""
     opts = run.opts
     return min(run.started + (opts.wait or 0) - time.monotonic(),
-               run.deadline_at - time.monotonic() - opts.timeout - RETRY_MARGIN)
+               run.deadline_at - time.monotonic() - MIN_ATTEMPT)
 
 
 def _random():
@@ -2283,7 +2358,7 @@ def read_state(path):
     """The state saved at path, or {} when there is none or it is not what
     this script writes (wrong types count as none)."""
     try:
-        doc = json.loads(read_small_file(path, MAX_CONFIG).decode("utf-8"))
+        doc = parse_json(read_small_file(path, MAX_CONFIG).decode("utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict):
@@ -2348,7 +2423,12 @@ class Shared(object):
         caller checks, then look at the state again: returns a verdict to
         reuse, or None when this caller is to check."""
         import fcntl
-        fd = open_no_follow(self.base + ".lock", 0o600)
+        try:
+            fd = open_no_follow(self.base + ".lock", 0o600)
+        except OSError as exc:      # checked alone, as without --share-result
+            run.problems.append("verdict not shared: %s.lock: %s" % (
+                self.base, exc.strerror or exc))
+            return None
         since, waited = time.time(), False
         while True:
             try:
@@ -2407,8 +2487,9 @@ class Shared(object):
 def metrics_text(run, skips, now):
     """Prometheus text format: each family once, with HELP and TYPE, no
     timestamps (node_exporter's textfile collector refuses them)."""
-    def label(value):
-        return str(value or "").replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
+        text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
+        return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
     labels = 'host="%s",model="%s"' % (label(run.opts.host), label(run.opts.model))
     families = [
@@ -2566,8 +2647,11 @@ def syslog_message(line, severity, facility, udp, now=None):
     return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
 
 
-def send_syslog(line, severity, facility, address, udp_target=None):
-    """Send one line; never blocks, never raises. Returns an error or None.
+def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
+    """Send one line; never raises, never takes longer than wait. Returns an
+    error or None. A local socket that is a stream (syslog-ng's
+    unix-stream("/dev/log"), some containers) gets what glibc's syslog(3)
+    sends it: the message and a NUL byte.
 
     udp_target: the resolved (family, sockaddr) of a HOST:PORT address.
     """
@@ -2579,12 +2663,23 @@ def send_syslog(line, severity, facility, address, udp_target=None):
             sock = socket.socket(udp_target[0], socket.SOCK_DGRAM)
             sock.setblocking(False)
             sock.sendto(syslog_message(line, severity, facility, True), udp_target[1])
-        else:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.sendto(syslog_message(line, severity, facility, False), address)
-    except OSError as exc:
-        return "syslog %s: %s" % (address, exc.strerror or exc)
+            return None
+        message = syslog_message(line, severity, facility, False)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.sendto(message, address)
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EPROTOTYPE:
+                raise
+        sock.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(max(wait, 0.001))
+        sock.connect(address)
+        sock.sendall(message + b"\0")
+    except (OSError, ValueError) as exc:    # ValueError: a path with a NUL byte
+        return "syslog %s: %s" % (address, getattr(exc, "strerror", None) or exc)
     finally:
         if sock is not None:
             sock.close()
@@ -2653,31 +2748,41 @@ def report(run):
         target = None
         start_lookup(run)
         if run.lookup is not None:
-            target = run.lookup.result(min(SYSLOG_DNS_WAIT,
+            target = run.lookup.result(min(SYSLOG_WAIT,
                                            run.deadline_at - time.monotonic()))
         problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
-                              opts.syslog_address, target)
+                              opts.syslog_address, target,
+                              min(SYSLOG_WAIT, run.deadline_at - time.monotonic()))
+    if opts.json:
+        emit("stdout", hide(json.dumps(verdict_json(run, elapsed_ms), sort_keys=True))
+             + "\n")
+    if opts.quiet:
+        return
+    if opts.verbose:
+        emit("stderr", "%s: %s\n" % (PROG, line))
+        if problem:
+            emit("stderr", "%s: warning: %s; %s\n" % (PROG, sanitise(problem), NO_SYSLOG))
+    elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
+        emit("stderr", "%s: %s\n" % (PROG, line))
+    elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
+                                or _isatty(sys.stderr)):
+        emit("stderr", hide("%s: skip (%d%s): %s\n" % (
+            PROG, run.code, ", " + run.stage if run.stage else "",
+            sanitise(verdict_reason(run), REASON_MAX))))
+    if run.trace and opts.debug:
+        emit("stderr", hide(run.trace))
+
+
+def emit(name, text):
+    """Write text to sys.stdout or sys.stderr (name) at once. A closed or full
+    stream loses the text, never the exit status: it is dropped, so that the
+    interpreter does not fail flushing it again at exit."""
+    stream = getattr(sys, name)
     try:
-        if opts.json:
-            sys.stdout.write(hide(json.dumps(verdict_json(run, elapsed_ms),
-                                             sort_keys=True)) + "\n")
-            sys.stdout.flush()
-        if opts.quiet:
-            return
-        if opts.verbose:
-            sys.stderr.write("%s: %s\n" % (PROG, line))
-            if problem:
-                sys.stderr.write("%s: warning: %s\n" % (PROG, sanitise(problem)))
-        elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
-                                    or _isatty(sys.stderr)):
-            sys.stderr.write(hide("%s: skip (%d%s): %s\n" % (
-                PROG, run.code, ", " + run.stage if run.stage else "",
-                sanitise(verdict_reason(run), REASON_MAX))))
-        if run.trace and opts.debug:
-            sys.stderr.write(hide(run.trace))
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass    # a closed stdout or stderr (None) must not change the verdict
+        stream.write(text)
+        stream.flush()
+    except (AttributeError, OSError, ValueError):
+        setattr(sys, name, None)
 
 
 def _isatty(stream):
@@ -2714,9 +2819,10 @@ def main(argv=None, started=None):
             if command == []:
                 raise UsageError("'--' must be followed by the COMMAND to run")
         except _ParserExit as exc:
+            emit("stdout", "")      # --help on a full stdout still exits 0
             return exc.status
         except UsageError as exc:
-            sys.stderr.write("%s: error: %s (see --help)\n" % (PROG, exc))
+            emit("stderr", "%s: error: %s (see --help)\n" % (PROG, sanitise(exc, REASON_MAX)))
             return EX_USAGE
         opts, problem = configure(ns, os.environ)
         run = Run(opts, started)
@@ -2744,10 +2850,8 @@ def main(argv=None, started=None):
             run.decide(exc.code, exc.stage, exc.reason)
         except Interrupted as exc:
             run = getattr(exc, "run", run)
-            stage = getattr(exc, "stage", None) or (run.current and run.current.name)
-            run.decide(128 + exc.signum, stage, "interrupted by %s%s" % (
-                signal.Signals(exc.signum).name,
-                " during " + STAGE_WHAT[stage] if stage else ""))
+            run.interrupt(exc.signum, getattr(exc, "stage", None)
+                          or (run.current and run.current.name))
         except Exception as exc:
             run.trace = _traceback()
             run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
@@ -2770,10 +2874,10 @@ def main(argv=None, started=None):
     except Interrupted as exc:      # while parsing, before a run existed
         return 128 + exc.signum
     except Exception as exc:        # a bug before a run existed
-        sys.stderr.write("%s: internal error: %s: %s\n"
-                         % (PROG, type(exc).__name__, sanitise(exc)))
+        emit("stderr", "%s: internal error: %s: %s\n"
+             % (PROG, type(exc).__name__, sanitise(exc)))
         if "--debug" in (sys.argv if argv is None else argv):
-            sys.stderr.write(_traceback())
+            emit("stderr", _traceback())
         return EX_SOFTWARE
     finally:
         for signum, handler in previous.items():

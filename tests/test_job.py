@@ -266,8 +266,10 @@ class WaitTest(JobCase):
         self.assertLess(res.elapsed, 4 + SLACK)
         self.assertGreaterEqual(res.elapsed, 2.5)
         self.assertGreaterEqual(len(emu.requests), 2, "one request per attempt, afresh")
-        self.assertIn("timed out after 1s", self.log()[1]["reason"],
-                      "the last attempt must keep its own reason, not a deadline note")
+        reason = self.log()[1]["reason"]
+        self.assertIn("deadline of 4s reached during GET /api/tags (attempt ", reason)
+        self.assertIn(": GET /api/tags timed out after 1s)", reason,
+                      "the reason of the attempt before the deadline's is kept")
 
     def test_wait_does_not_retry_a_configuration_error(self):
         emu = self.emulator()

@@ -1,0 +1,301 @@
+"""Every input ends in a clear verdict, on time (issue 10): no exit 70, no
+overrun, no lost log line, and --wait that really waits.
+
+The real script runs as a subprocess in cron's environment against loopback
+servers that answer what a hostile or broken server would; each test asserts
+the exit status, the reason, one syslog line, and the time against the
+deadline. Item 6 (random inputs) is tests/test_property.py.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import fakes
+import support
+from ollama_emu import Emulator, free_port
+from test_contract import SLACK, ContractCase
+from test_job import strict_parse
+
+
+class FilesTest(ContractCase):
+    """Item 1: every file the product reads is read under the deadline or
+    refused at once when it is not a regular file."""
+
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.dir = tempfile.mkdtemp(prefix="gpfl-robust-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.fifo = os.path.join(self.dir, "fifo")
+        os.mkfifo(self.fifo)
+
+    def test_a_fifo_for_any_file_option_is_refused_at_once(self):
+        emu = self.emulator()
+        for args, stage, text in (
+                (["--host", "https://127.0.0.1:9", "--cafile", self.fifo], "config",
+                 "cannot use --cafile %s: not a regular file" % self.fifo),
+                (["--config", self.fifo], "config", "not a regular file"),
+                (["--host", emu.url, "--token-file", self.fifo], "config",
+                 "cannot read token file %s: not a regular file" % self.fifo),
+                (["--host", emu.url, "--nvml-lib", self.fifo, "--gpu-backend", "nvml"],
+                 "gpu", "not a regular file")):
+            with self.subTest(option=args[-2] if args[-1] == self.fifo else args[-3]):
+                self.sink.messages(wait=0.01)
+                res = self.run_gp(args + ["--deadline", "2"])
+                fields = self.assertSkip(res, 69 if stage == "gpu" else 78, stage, text,
+                                         deadline=2)
+                self.assertLess(res.elapsed, 1.5, res)
+                self.assertEqual(emu.requests, [])
+
+    def test_fifos_in_the_state_directory_and_sysfs_do_not_hold_the_run(self):
+        emu = self.emulator()
+        state = os.path.join(self.dir, "state")
+        os.mkdir(state, 0o700)
+        args = ["--host", emu.url, "--share-result", "60", "--state-dir", state,
+                "--log-changes-only", "--deadline", "3"]
+        self.assertEqual(self.run_gp(args).code, 0)
+        self.sink.messages()
+        for name in os.listdir(state):
+            os.unlink(os.path.join(state, name))
+            os.mkfifo(os.path.join(state, name))
+        res = self.run_gp(args)
+        self.assertEqual(res.code, 0, res)
+        self.assertLess(res.elapsed, 3, res)
+        self.assertEqual(self.log()[1]["result"], "ready")
+        root = fakes.make_amd_sysfs(os.path.join(self.dir, "root"), [dict(busy=1)])
+        fakes.add_pci_display(root, "0000:62:00.0", "0x1002")
+        device = os.path.join(root, "sys", "devices", "pci0000:00", "0000:62:00.0")
+        os.unlink(os.path.join(device, "class"))
+        os.mkfifo(os.path.join(device, "class"))
+        busy = os.path.join(root, "sys", "devices", "pci0000:00", "0000:03:00.0",
+                            "gpu_busy_percent")
+        os.unlink(busy)
+        os.mkfifo(busy)
+        res = self.run_gp(["--host", emu.url, "--gpu", "--nvml-lib", "/nonexistent",
+                           "--deadline", "3", "--json"],
+                          env=support.cron_env(GPU_PREFLIGHT_ROOT=root))
+        self.assertEqual(res.code, 0, res)
+        self.assertLess(res.elapsed, 3 + SLACK, res)
+        self.assertIsNone(json.loads(res.stdout)["gpu"]["gpus"][0]["util_pct"])
+
+
+class AnswersTest(ContractCase):
+    """Items 2 and 4: a bad server answer is 69 naming what is wrong."""
+
+    def test_a_huge_json_integer_is_a_bad_answer_within_the_deadline(self):
+        # on 3.6 parsing it is quadratic and holds the interpreter for seconds
+        body = b'{"models": ' + b"1" * 1200000 + b"}"
+        url = self.scripted_server(lambda method, path, n: (200, body))
+        res = self.run_gp(["--host", url, "--deadline", "2"])
+        self.assertSkip(res, 69, "tags", "GET /api/tags: not a valid answer (not JSON "
+                        "this reads: an integer of 1200000 digits)", deadline=2)
+
+    def test_out_of_range_numbers_and_odd_names_are_bad_answers_not_crashes(self):
+        big = "9" * 400
+        tags = b'{"models": [{"name": "llama3.2:latest", "size": 5}]}'
+        ps = ('{"models": [{"name": "llama3.2:latest", "size": 10, "size_vram": %s}]}'
+              % big).encode()
+        gen = ('{"model": "llama3.2:latest", "response": "x", "done": true, '
+               '"load_duration": %s}' % big).encode()
+        good_ps = b'{"models": [{"name": "llama3.2:latest", "size": 10, "size_vram": 10}]}'
+
+        def answers(bad):
+            def answer(method, path, n):
+                if path == "/api/tags":
+                    return 200, tags
+                if path == "/api/ps":
+                    return 200, ps if bad == "ps" and n > 1 else good_ps
+                return 200, gen if bad == "generate" else (
+                    b'{"model": "llama3.2:latest", "done": true}')
+            return answer
+
+        for bad, stage, text in (
+                ("ps", "placement", "GET /api/ps: not a valid answer: size_vram is 9999"),
+                ("generate", "warmup", "POST /api/generate: not a valid answer: "
+                 "load_duration is 9999")):
+            with self.subTest(field=bad):
+                self.sink.messages(wait=0.01)
+                url = self.scripted_server(answers(bad))
+                self.assertSkip(self.run_gp(["--host", url]), 69, stage, text)
+
+    def test_a_model_entry_without_a_usable_name_is_skipped(self):
+        body = b'{"models": [{"name": "", "model": 5}, {"name": 7}, "x", null]}'
+        url = self.scripted_server(lambda method, path, n: (200, body))
+        fields = self.assertSkip(self.run_gp(["--host", url, "--model", "x"]), 78, "tags",
+                                 "model x is not present on the server")
+        self.assertIn("it has: no models", fields["reason"])
+
+
+class OptionValuesTest(ContractCase):
+    """Item 5: a bad option value is 64 on the command line and 78 from the
+    environment or the config file, naming the option; never 70."""
+
+    CASES = (
+        ("keep-alive", "9" * 400, "more seconds than Ollama accepts"),
+        ("ollama-option", "k=" + "[" * 5000 + "]" * 5000, "k: nested too deeply"),
+        ("ollama-option", "k=" + "1" * 5000, "k: an integer of 5000 digits"),
+        ("gpu-id", "\u00b2", "expected indexes or UUIDs"),
+        ("max-temp", "\u00b2", "expected a whole number"),
+    )
+
+    def test_bad_values_from_flags_environment_and_file(self):
+        conf_dir = tempfile.mkdtemp(prefix="gpfl-robust-")
+        self.addCleanup(shutil.rmtree, conf_dir, True)
+        for name, value, text in self.CASES:
+            with self.subTest(option=name, value=value[:12]):
+                res = support.run_script(["--" + name, value, "--no-syslog"])
+                self.assertEqual(res.code, 64, res)
+                self.assertIn("--%s" % name, res.stderr)
+                self.assertIn(text, res.stderr)      # and ASCII: run_script decodes it so
+                self.assertNotIn("Traceback", res.stderr)
+                var = "GPU_PREFLIGHT_" + name.upper().replace("-", "_")
+                self.sink.messages(wait=0.01)
+                res = self.run_gp([], env=support.cron_env(**{var: value}))
+                fields = self.assertSkip(res, 78, "config", text)
+                self.assertIn(var, fields["reason"])
+                conf = os.path.join(conf_dir, "gp.conf")
+                with open(conf, "w") as handle:
+                    handle.write("[gpu_preflight]\n%s = %s\n" % (name, value))
+                self.sink.messages(wait=0.01)
+                fields = self.assertSkip(self.run_gp(["--config", conf]), 78, "config", text)
+                self.assertIn("%s: %s" % (conf, name), fields["reason"])
+
+    def test_a_model_name_that_is_not_utf8_or_not_ascii_with_a_metrics_file(self):
+        emu = self.emulator()
+        out = tempfile.mkdtemp(prefix="gpfl-robust-")
+        self.addCleanup(shutil.rmtree, out, True)
+        metrics = os.path.join(out, "m.prom")
+        for model in (b"mod\xff\xfe", "mod\u00e8le".encode("utf-8")):
+            for env in (support.cron_env(), support.cron_env(LC_ALL="C", LANG="C")):
+                with self.subTest(model=model, env=sorted(env)):
+                    self.sink.messages(wait=0.01)
+                    res = self.run_gp([b"--host", emu.url.encode(), b"--model", model,
+                                       b"--metrics-file", metrics.encode()], env=env)
+                    fields = self.assertSkip(res, 78, "tags", "is not present")
+                    with open(metrics, "rb") as handle:
+                        text = handle.read().decode("utf-8")
+                    families = strict_parse(text)
+                    self.assertIn("gpu_preflight_ready", families)
+                    self.assertIn('model="mod', text)
+
+
+class OutputTest(ContractCase):
+    """Items 7 and 8, and issue 13.4: the status and the line are never lost."""
+
+    def test_a_usage_error_with_stderr_closed_or_full_is_still_64(self):
+        for redirect in ("2>&-", "2>/dev/full"):
+            for python in (sys.executable,):
+                with self.subTest(stderr=redirect):
+                    proc = subprocess.Popen(
+                        ["/bin/sh", "-c", '"$0" "$1" --timeout soon %s; echo "status $?"'
+                         % redirect, python, support.SCRIPT],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        env=support.cron_env())
+                    out, err = proc.communicate(timeout=30)
+                    self.assertEqual(out.decode().split()[-1], "64", (out, err))
+        res = support.run_script(["--help"])
+        self.assertEqual(res.code, 0, res)
+        proc = subprocess.Popen(["/bin/sh", "-c", '"$0" "$1" --help >/dev/full; echo $?',
+                                 sys.executable, support.SCRIPT], stdout=subprocess.PIPE,
+                                env=support.cron_env())
+        self.assertEqual(proc.communicate(timeout=30)[0].decode().strip(), "0")
+
+    def test_a_stream_log_socket_gets_the_line_and_a_nul(self):
+        emu = self.emulator()
+        path = os.path.join(self.sink.dir, "stream.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        self.addCleanup(listener.close)
+        got = []
+
+        def accept():
+            conn, _ = listener.accept()
+            conn.settimeout(5)
+            data = b""
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            got.append(data)
+            conn.close()
+        thread = threading.Thread(target=accept)
+        thread.daemon = True
+        thread.start()
+        res = support.run_script(["--host", emu.url, "--syslog-address", path])
+        self.assertEqual((res.code, res.stdout, res.stderr), (0, "", ""), res)
+        thread.join(5)
+        self.assertEqual(len(got), 1)
+        self.assertTrue(got[0].endswith(b"\0"), got)
+        self.assertRegex(got[0].decode("ascii"), r"^<14>\w{3} [ \d]\d \d\d:\d\d:\d\d "
+                         r"gpu_preflight\[\d+\]: result=ready code=0 ")
+
+    def test_without_a_syslog_daemon_a_skip_goes_to_stderr_unless_quiet(self):
+        nowhere = os.path.join(self.sink.dir, "nobody-listens")
+        port = free_port()
+        args = ["--host", "127.0.0.1:%d" % port, "--syslog-address", nowhere]
+        res = support.run_script(args)
+        self.assertEqual(res.code, 69, res)
+        self.assertRegex(res.stderr, r"^gpu_preflight: result=skip code=69 stage=tags "
+                         r"reason=\"connection refused")
+        self.assertEqual(support.run_script(args + ["-q"]).stderr, "")
+        res = support.run_script(args + ["-v"])
+        self.assertIn("warning: syslog %s: No such file or directory; no syslog daemon "
+                      "took the line: install one" % nowhere, res.stderr)
+        emu = self.emulator()
+        res = support.run_script(["--host", emu.url, "--syslog-address", nowhere])
+        self.assertEqual((res.code, res.stderr), (0, ""), "a ready run stays silent")
+
+
+class WaitTest(ContractCase):
+    """Item 3, and issue 13.2."""
+
+    def test_wait_keeps_trying_until_the_deadline(self):
+        port = free_port()
+        late = Emulator(port=port)
+        started = time.monotonic()
+        timer = threading.Timer(2.5, late.start)
+        timer.start()
+        self.addCleanup(late.stop)
+        self.addCleanup(timer.cancel)
+        res = self.run_gp(["--host", "127.0.0.1:%d" % port, "--wait", "20",
+                           "--deadline", "4"])
+        self.assertEqual(res.code, 0, res)
+        self.assertGreater(time.monotonic() - started, 2.5)
+        self.assertGreaterEqual(int(self.log()[1]["attempts"]), 2)
+
+    def test_a_port_that_never_opens_is_tried_until_about_the_deadline(self):
+        port = free_port()
+        res = self.run_gp(["--host", "127.0.0.1:%d" % port, "--wait", "20",
+                           "--deadline", "4"])
+        self.assertEqual(res.code, 69, res)
+        self.assertGreater(res.elapsed, 3.0, "gave up early")
+        self.assertLess(res.elapsed, 4 + SLACK, res)
+
+    def test_a_signal_during_the_pause_between_attempts_is_143(self):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, support.SCRIPT, "--host", "127.0.0.1:%d" % port, "--wait",
+             "30", "--syslog-address", self.sink.path], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=support.cron_env())
+        time.sleep(1.5)             # the first attempt was refused at once: a pause
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        self.assertEqual(proc.returncode, 143, (out, err))
+        fields = self.log()[1]
+        self.assertEqual(fields["code"], "143")
+        self.assertIn("interrupted by SIGTERM while waiting to retry (connection refused",
+                      fields["reason"])
+
+
+if __name__ == "__main__":
+    unittest.main()
