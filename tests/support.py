@@ -9,6 +9,7 @@ socket that receives what the script logs.
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -48,6 +49,30 @@ class Result(object):
     def __repr__(self):
         return "Result(code=%r, elapsed=%.2f, stdout=%r, stderr=%r)" % (
             self.code, self.elapsed, self.stdout[:500], self.stderr[:500])
+
+
+def dispositions(ignored=(), umask=None):
+    """A preexec_fn for Popen: every signal at its default action and none
+    blocked, then `ignored` ignored (and the umask set), whatever the test
+    process inherited (a suite started from a background job `( ... & )`
+    has SIGINT and SIGQUIT ignored, a nohup one SIGHUP)."""
+    def preexec():
+        for signum in range(1, signal.NSIG):
+            try:
+                signal.signal(signum, signal.SIG_DFL)
+            except (OSError, ValueError, RuntimeError):
+                pass                    # SIGKILL, SIGSTOP, libc's own
+        for signum in ignored:
+            signal.signal(signum, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        if umask is not None:
+            os.umask(umask)
+    return preexec
+
+
+def sig_mask(signums):
+    """The /proc/PID/status SigIgn/SigBlk hex mask of these signals."""
+    return "%016x" % sum(1 << (int(s) - 1) for s in signums)
 
 
 def run_script(args, env=None, timeout=60, python=None):

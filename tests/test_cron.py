@@ -50,8 +50,9 @@ REAL_WAIT = 75.0                         # the real clock: up to 61 s
 GRACE = 2.0                              # after every job ended, for late lines
 
 # Run by /bin/sh inside the new mount namespace; $1 work dir, $2 syslog socket,
-# $3 cron, $4 libfaketime or "", $5 offset in seconds.
-NAMESPACE_SETUP = r"""
+# $3 cron, $4 libfaketime or "", $5 offset in seconds. NAMESPACE_MOUNTS and
+# CRON_EXEC apart, so that once_cron_readme.py adds mounts of its own.
+NAMESPACE_MOUNTS = r"""
 set -e
 work=$1 sock=$2 cron=$3 lib=$4 offset=$5
 mkdir "$work/olddev"
@@ -75,11 +76,14 @@ if [ -d /var/spool/cron/crontabs ]; then
     mount --bind "$work/spool" /var/spool/cron/crontabs
 fi
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
+"""
+CRON_EXEC = r"""
 if [ -n "$lib" ]; then
     exec /usr/bin/env LD_PRELOAD="$lib" FAKETIME="+${offset}s" "$cron" -f -L 15
 fi
 exec "$cron" -f -L 15
 """
+NAMESPACE_SETUP = NAMESPACE_MOUNTS + CRON_EXEC
 
 # <PRI>Mmm dd hh:mm:ss TAG[PID]: MSG, as glibc's syslog() and the script send it
 SYSLOG_RE = re.compile(r"^<(\d+)>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d "

@@ -31,13 +31,15 @@ class JobCase(ContractCase):
     def path(self, name):
         return os.path.join(self.dir, name)
 
-    def start(self, args, env=None, umask=0o022):
-        """The script as a cron job in the background: a Popen."""
+    def start(self, args, env=None, umask=0o022, ignored=()):
+        """The script as a cron job in the background: a Popen. It starts
+        with every signal at its default action but `ignored`, however the
+        suite itself was started."""
         return subprocess.Popen(
             [sys.executable, support.SCRIPT, "--syslog-address", self.sink.path] + args,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env or support.cron_env(), cwd="/", start_new_session=True,
-            preexec_fn=lambda: os.umask(umask))
+            preexec_fn=support.dispositions(ignored, umask))
 
     def finish(self, proc, timeout=30):
         out, err = proc.communicate(timeout=timeout)
@@ -45,19 +47,29 @@ class JobCase(ContractCase):
 
 
 class RunTheJobTest(JobCase):
-    def test_ready_execs_the_job_with_its_pid_status_and_default_signals(self):
-        emu = self.emulator()
-        proc = self.start(["--host", emu.url, "--", "/bin/sh", "-c",
-                           'echo "$$"; ls /proc/$$/fd; '
-                           'exec grep -E "^Sig(Ign|Blk)" /proc/self/status'])
+    JOB_SHOWS = ('echo "$$"; ls /proc/$$/fd; '
+                 'exec grep -E "^Sig(Ign|Blk)" /proc/self/status')
+
+    def run_job_showing_signals(self, emu, ignored=()):
+        """Run the job that prints its pid, descriptors and SigIgn/SigBlk,
+        the script started with `ignored` ignored; (pid, fds, {Sig..: mask})."""
+        proc = self.start(["--host", emu.url, "--", "/bin/sh", "-c", self.JOB_SHOWS],
+                          ignored=ignored)
         code, out, err = self.finish(proc)
         self.assertEqual((code, err), (0, ""), out)
         lines = out.split("\n")[:-1]
+        masks = dict(line.split(":\t") for line in lines[-2:])
+        self.assertEqual(sorted(masks), ["SigBlk", "SigIgn"], out)
         self.assertEqual(lines[0], str(proc.pid), "the job must be the same process")
-        self.assertEqual(sorted(lines[-2:]), ["SigBlk:\t0000000000000000",
-                                              "SigIgn:\t0000000000000000"],
+        return sorted(lines[1:-2], key=int), masks
+
+    def test_ready_execs_the_job_with_its_pid_status_and_default_signals(self):
+        emu = self.emulator()
+        fds, masks = self.run_job_showing_signals(emu)
+        self.assertEqual(masks, {"SigBlk": support.sig_mask([]),
+                                 "SigIgn": support.sig_mask([])},
                          "signals (SIGPIPE, SIGINT) left ignored or blocked for the job")
-        self.assertEqual(sorted(lines[1:-2], key=int), ["0", "1", "2"],
+        self.assertEqual(fds, ["0", "1", "2"],
                          "a descriptor of the preflight leaked into the job")
         priority, fields = self.log()
         self.assertEqual(fields["result"], "ready")
@@ -79,6 +91,17 @@ class RunTheJobTest(JobCase):
         self.assertIn("GPU_PREFLIGHT_TIMEOUT=2", seen)
         self.assertFalse([line for line in seen if "gpfl-secret" in line], seen)
         self.assertFalse([line for line in seen if line.startswith("LC_")], seen)
+
+    def test_the_job_keeps_signals_the_script_found_ignored(self):
+        # nohup ignores SIGHUP, a shell's background job SIGINT and SIGQUIT:
+        # the job keeps them (and SIGTERM) ignored. SIGPIPE, ignored by the
+        # starter as well and by Python for itself, is the default again.
+        emu = self.emulator()
+        kept = [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM]
+        fds, masks = self.run_job_showing_signals(emu, kept + [signal.SIGPIPE])
+        self.assertEqual(masks, {"SigBlk": support.sig_mask([]),
+                                 "SigIgn": support.sig_mask(kept)})
+        self.assertEqual(self.log()[1]["result"], "ready")
 
     def test_a_script_without_shebang_runs_under_sh(self):
         emu = self.emulator()
