@@ -1,21 +1,37 @@
 #!/bin/sh
 # shellcheck shell=sh
 #
-# install.sh - install gpu_preflight on this host.
+# install.sh - install gpu_preflight on this host, in its fast layout.
 #
-# Copies the gpu_preflight.py that sits next to this script to
-# ${DESTDIR}${PREFIX}/bin/gpu_preflight (mode 0755) and, if no config file
-# exists yet, an example config to ${DESTDIR}${SYSCONFDIR}/gpu_preflight.conf
-# (mode 0644). An existing config file is never overwritten or touched.
+# The gpu_preflight.py that sits next to this script goes to
+#   ${DESTDIR}${PREFIX}/lib/gpu_preflight/gpu_preflight.py   (0644)
+# with its bytecode cache beside it (__pycache__/gpu_preflight.TAG.pyc, written
+# by the python3 this script checked), and a launcher of a few lines goes to
+#   ${DESTDIR}${PREFIX}/bin/gpu_preflight                     (0755)
+# whose #! line names that interpreter, so that each run loads the cached
+# bytecode instead of compiling 2,500 lines. The launcher passes the process
+# start time to main(), so --deadline still counts from process start. If no
+# config file exists yet, an example goes to ${DESTDIR}${SYSCONFDIR}/
+# gpu_preflight.conf (0644); an existing config is never touched.
 #
-# The script is idempotent: an identical installed copy is left alone
-# ("unchanged"), a different one is replaced atomically (written to a temporary
-# name in the same directory, then renamed over). Every command that changes
-# something is printed as "+ command" on stderr; --dry-run only prints them.
+# The cache is written with the final path (without DESTDIR) as its source
+# name, and on Python 3.7+ as a checked-hash pyc: it stays valid when a
+# package manager changes the files' timestamps. Python 3.6 has only
+# timestamp pycs: if a packager changes the module's mtime, the first run as
+# root rewrites the cache. After the interpreter itself is upgraded (a new
+# cache tag), run install.sh again.
+#
+# The script is idempotent: what is already in place is left alone
+# ("unchanged"); a changed file is replaced atomically (written to a temporary
+# name in the same directory, then renamed over). An older install that put
+# the whole script in bin/ is replaced by the launcher. Every command that
+# changes something is printed as "+ command" on stderr; --dry-run only prints
+# them, and its "+ " lines, with that prefix cut, replay as a shell script.
 #
 # Usage:
 #   sh install.sh [--prefix DIR] [--sysconfdir DIR] [--destdir DIR]
-#                 [--no-config] [--no-python-check] [--dry-run] [--quiet]
+#                 [--python PATH] [--no-config] [--no-python-check]
+#                 [--dry-run] [--quiet]
 #   sh install.sh --uninstall [--prefix DIR] [--destdir DIR]
 #   sh install.sh --help
 #
@@ -29,7 +45,7 @@
 #   sudo sh install.sh                        # /usr/local/bin/gpu_preflight
 #   sh install.sh --prefix "$HOME/.local" --sysconfdir "$HOME/.config"
 #   sh install.sh --dry-run                   # show what would be done
-#   DESTDIR="$pkgdir" PREFIX=/usr sh install.sh --no-python-check
+#   DESTDIR="$pkgdir" PREFIX=/usr sh install.sh --python /usr/bin/python3
 #   sudo sh install.sh --uninstall            # keeps /etc/gpu_preflight.conf
 #
 # If a SHA256SUMS file sits next to this script, the gpu_preflight.py line in
@@ -42,22 +58,69 @@
 
 set -eu
 
+main() {
+    PREFIX=${PREFIX:-/usr/local}
+    SYSCONFDIR=${SYSCONFDIR:-/etc}
+    DESTDIR=${DESTDIR:-}
+    PYTHON=
+    NO_CONFIG=0
+    NO_PYTHON_CHECK=0
+    UNINSTALL=0
+    DRY_RUN=0
+    QUIET=0
+    TMP=
+
+    parse_args "$@"
+    resolve_paths
+    umask 022
+    trap cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed; do
+        need_cmd "$_cmd"
+    done
+    if [ "$DRY_RUN" = 1 ]; then
+        say "dry run: nothing will be changed"
+    fi
+
+    if [ "$UNINSTALL" = 1 ]; then
+        uninstall
+        return 0
+    fi
+    find_source
+    verify_checksum
+    find_python
+    install_module
+    install_cache
+    install_launcher
+    if [ "$NO_CONFIG" = 0 ]; then
+        install_config
+    fi
+    smoke_test
+}
+
 usage() {
     cat <<'EOF'
 Usage: sh install.sh [OPTIONS]
 
 Install gpu_preflight.py (found next to install.sh) as
-${DESTDIR}${PREFIX}/bin/gpu_preflight, plus an example config at
+${DESTDIR}${PREFIX}/lib/gpu_preflight/gpu_preflight.py with its bytecode
+cache, the command ${DESTDIR}${PREFIX}/bin/gpu_preflight (a launcher that
+runs it with the checked python3), and an example config at
 ${DESTDIR}${SYSCONFDIR}/gpu_preflight.conf unless one already exists.
 
 Options:
   --prefix DIR        installation prefix (default: $PREFIX or /usr/local)
   --sysconfdir DIR    config directory (default: $SYSCONFDIR or /etc)
   --destdir DIR       staging root for packaging (default: $DESTDIR or empty)
+  --python PATH       the Python 3.6+ the command runs with (default: python3
+                      on PATH); it also writes the bytecode cache
   --no-config         do not install the example config file
-  --no-python-check   skip the "python3 >= 3.6 on PATH" check (for packaging
-                      on a build host)
-  --uninstall         remove the installed script; the config file is kept
+  --no-python-check   do not run Python at all: no version check and no
+                      bytecode cache (the first run writes it); the launcher
+                      names --python, else python3 as found on PATH
+  --uninstall         remove the command, the module and its cache; the
+                      config file is kept
   --dry-run           print what would be done, change nothing
   --quiet             print errors only
   -h, --help          show this help and exit
@@ -67,7 +130,332 @@ Exit status: 0 success, 1 error, 2 usage error.
 EOF
 }
 
-# ---- Helpers -------------------------------------------------------------
+# ---- Steps ------------------------------------------------------------------
+
+parse_args() {
+    while [ $# -gt 0 ]; do
+        case $1 in
+            -h | --help)
+                usage
+                exit 0
+                ;;
+            --prefix | --sysconfdir | --destdir | --python)
+                if [ $# -lt 2 ]; then
+                    usage_err "option $1 requires an argument"
+                fi
+                set_option "$1" "$2"
+                shift
+                ;;
+            --prefix=* | --sysconfdir=* | --destdir=* | --python=*)
+                set_option "${1%%=*}" "${1#*=}"
+                ;;
+            --no-config) NO_CONFIG=1 ;;
+            --no-python-check) NO_PYTHON_CHECK=1 ;;
+            --uninstall) UNINSTALL=1 ;;
+            --dry-run) DRY_RUN=1 ;;
+            --quiet | -q) QUIET=1 ;;
+            --)
+                shift
+                if [ $# -gt 0 ]; then
+                    usage_err "unexpected argument: $1"
+                fi
+                break
+                ;;
+            -*) usage_err "unknown option: $1" ;;
+            *) usage_err "unexpected argument: $1" ;;
+        esac
+        shift
+    done
+}
+
+set_option() {
+    case $1 in
+        --prefix) PREFIX=$2 ;;
+        --sysconfdir) SYSCONFDIR=$2 ;;
+        --destdir) DESTDIR=$2 ;;
+        --python) PYTHON=$2 ;;
+    esac
+}
+
+# Validate PREFIX, SYSCONFDIR and DESTDIR; derive every path from them.
+resolve_paths() {
+    case $PREFIX in
+        /*) ;;
+        *) usage_err "PREFIX must be an absolute path, got '$PREFIX'" ;;
+    esac
+    case $SYSCONFDIR in
+        /*) ;;
+        *) usage_err "SYSCONFDIR must be an absolute path, got '$SYSCONFDIR'" ;;
+    esac
+    case $PREFIX in # it is written into the launcher as a Python string
+        *[\"\\]* | *'
+'*) usage_err "PREFIX must not contain a quote, a backslash or a newline" ;;
+    esac
+    while [ "${PREFIX%/}" != "$PREFIX" ]; do PREFIX=${PREFIX%/}; done
+    while [ "${SYSCONFDIR%/}" != "$SYSCONFDIR" ]; do SYSCONFDIR=${SYSCONFDIR%/}; done
+    while [ "${DESTDIR%/}" != "$DESTDIR" ]; do DESTDIR=${DESTDIR%/}; done
+
+    BINDIR="${DESTDIR}${PREFIX}/bin"
+    TARGET="${BINDIR}/gpu_preflight"
+    LIB="${PREFIX}/lib/gpu_preflight"       # as the launcher sees it
+    LIBDIR="${DESTDIR}${LIB}"
+    MODULE="${LIBDIR}/gpu_preflight.py"
+    CACHEDIR="${LIBDIR}/__pycache__"
+    CONFIG="${DESTDIR}${SYSCONFDIR}/gpu_preflight.conf"
+    CONFDIR=${CONFIG%/*}
+    CONFDIR=${CONFDIR:-/}
+}
+
+find_source() {
+    SRCDIR=$(cd "$(dirname "$0")" && pwd) # absolute: --dry-run output replays anywhere
+    SOURCE="${SRCDIR}/gpu_preflight.py"
+    if [ ! -f "$SOURCE" ]; then
+        err "gpu_preflight.py not found next to install.sh (looked for $SOURCE)" \
+            "  install.sh installs the gpu_preflight.py that sits in the same directory;" \
+            "  copy both files to one directory and run: sh install.sh"
+    fi
+    if [ ! -r "$SOURCE" ]; then
+        err "cannot read $SOURCE"
+    fi
+}
+
+# If a SHA256SUMS file ships next to install.sh, verify gpu_preflight.py.
+verify_checksum() {
+    _vc_sums="${SRCDIR}/SHA256SUMS"
+    if [ ! -f "$_vc_sums" ]; then
+        return 0
+    fi
+    need_cmd sha256sum
+    if ! _vc_line=$(grep -E '^[0-9a-fA-F]{64} [ *]gpu_preflight\.py$' "$_vc_sums"); then
+        err "$_vc_sums has no line for gpu_preflight.py"
+    fi
+    if ! printf '%s\n' "$_vc_line" | (cd "$SRCDIR" && sha256sum -c - >/dev/null 2>&1); then
+        err "checksum mismatch for $SOURCE (per $_vc_sums)" \
+            "  The file may be corrupt or modified; fetch it again."
+    fi
+    say "checksum ok: $SOURCE"
+}
+
+# Set PYTHON to the absolute path of the interpreter the launcher names and
+# PYC to the cache file it reads (empty under --no-python-check).
+find_python() {
+    PYC=
+    HASHED=0
+    if [ "$NO_PYTHON_CHECK" = 1 ] && [ -n "$PYTHON" ]; then
+        check_shebang "$PYTHON"
+        return 0
+    fi
+    if ! _fp_found=$(command -v "${PYTHON:-python3}" 2>/dev/null); then
+        if [ -n "$PYTHON" ]; then
+            python_hint "$PYTHON not found"
+        fi
+        python_hint "python3 not found on PATH"
+    fi
+    if [ "$NO_PYTHON_CHECK" = 1 ]; then
+        PYTHON=$_fp_found
+        check_shebang "$PYTHON"
+        return 0
+    fi
+    # sys.executable, not the name on PATH: a pyenv shim or a wrapper script
+    # could later pick an interpreter that the cache does not match.
+    if ! _fp_info=$("$_fp_found" -I -c 'import sys
+if sys.version_info >= (3, 6):
+    print(sys.executable)
+    print(sys.implementation.cache_tag)
+    print(int(sys.version_info >= (3, 7)))' 2>/dev/null </dev/null) || [ -z "$_fp_info" ]; then
+        if ! _fp_version=$("$_fp_found" -c 'import sys; print(sys.version.split()[0])' \
+            2>/dev/null </dev/null); then
+            _fp_version="(version unknown)"
+        fi
+        python_hint "$_fp_found is Python $_fp_version; 3.6 or newer is required"
+    fi
+    PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
+    PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
+    HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
+    check_shebang "$PYTHON"
+}
+
+check_shebang() {
+    case $1 in
+        *[[:space:]]*) err "the interpreter path '$1' has a blank: it cannot go on a #! line" ;;
+        /*) ;;
+        *) err "the interpreter path '$1' is not absolute" ;;
+    esac
+}
+
+python_hint() {
+    err "$1" \
+        "  gpu_preflight needs Python 3.6 or newer as 'python3' on PATH. Install it with:" \
+        "    RHEL/Rocky/Alma 8:  dnf install python3" \
+        "    SLES 15:            zypper install python3" \
+        "    Debian/Ubuntu:      apt-get install python3" \
+        "  (On RHEL 8, /usr/libexec/platform-python is reserved for system tools.)" \
+        "  Or name another Python 3.6+ interpreter: sh install.sh --python /path/to/python3"
+}
+
+install_module() {
+    MODULE_CHANGED=0
+    if [ -f "$MODULE" ] && [ ! -L "$MODULE" ] && cmp -s "$SOURCE" "$MODULE" \
+        && [ "$(file_mode "$MODULE")" = "-rw-r--r--" ]; then
+        say "unchanged: $MODULE"
+        return 0
+    fi
+    MODULE_CHANGED=1
+    check_writable "$LIBDIR"
+    ensure_dir "$LIBDIR"
+    _im_word=$(install_word "$MODULE")
+    put "$MODULE" 0644 --from "$SOURCE"
+    done_msg "$_im_word" "$MODULE"
+}
+
+# Byte-compile the module with the launcher's interpreter, as Python itself
+# would (same file name, same invalidation check), but naming the final path
+# as its source; remove any cache another interpreter (or -O) left.
+install_cache() {
+    for _ic_pyc in "$CACHEDIR"/gpu_preflight.*.pyc; do
+        if [ -e "$_ic_pyc" ] && [ "$_ic_pyc" != "$PYC" ] \
+            && { [ -n "$PYC" ] || [ "$MODULE_CHANGED" = 1 ]; }; then
+            run rm -f "$_ic_pyc"
+        fi
+    done
+    if [ -z "$PYC" ]; then
+        say "no bytecode cache (--no-python-check): the first run writes it"
+        return 0
+    fi
+    if [ "$MODULE_CHANGED" = 0 ] && cache_is_valid; then
+        say "unchanged: $PYC"
+        return 0
+    fi
+    _ic_word=$(install_word "$PYC")
+    if [ "$HASHED" = 1 ]; then
+        run "$PYTHON" -I -m compileall -q -f -d "$LIB" --invalidation-mode checked-hash "$MODULE"
+    else
+        run "$PYTHON" -I -m compileall -q -f -d "$LIB" "$MODULE"
+    fi
+    done_msg "$_ic_word" "$PYC"
+}
+
+# True when Python would load PYC for MODULE (its own check, whichever kind
+# of pyc) and the code in it names the final path as its source.
+cache_is_valid() {
+    "$PYTHON" -I -c 'import importlib.machinery, marshal, sys
+module, pyc, final = sys.argv[1:]
+class Loader(importlib.machinery.SourceFileLoader):
+    def source_to_code(self, *args, **kwargs):
+        sys.exit(1)     # the cache did not match: Python would compile
+Loader("gpu_preflight", module).get_code("gpu_preflight")
+with open(pyc, "rb") as handle:
+    code = marshal.loads(handle.read()[16 if sys.version_info >= (3, 7) else 12:])
+sys.exit(code.co_filename != final)' "$MODULE" "$PYC" "${LIB}/gpu_preflight.py" \
+        >/dev/null 2>&1 </dev/null
+}
+
+install_launcher() {
+    _il_text=$(launcher)
+    if [ -f "$TARGET" ] && [ -x "$TARGET" ] && [ ! -L "$TARGET" ] \
+        && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
+        say "unchanged: $TARGET"
+        return 0
+    fi
+    check_writable "$BINDIR"
+    ensure_dir "$BINDIR"
+    _il_word=$(install_word "$TARGET")
+    _il_was=
+    if [ -f "$TARGET" ] && grep -q '^__version__ = ' "$TARGET"; then
+        _il_was=" (was the whole script; now a launcher of $LIB)"
+    fi
+    put "$TARGET" 0755 "$_il_text"
+    done_msg "$_il_word" "$TARGET$_il_was"
+}
+
+# The command: the module, imported from its cache by the interpreter that
+# wrote it (-I: no PYTHON* variables, no user site, no script dir on sys.path).
+launcher() {
+    cat <<EOF
+#!$PYTHON -I
+# gpu_preflight launcher: runs the installed module from its bytecode cache
+import sys
+sys.path.insert(0, "$LIB")
+import gpu_preflight
+sys.exit(gpu_preflight.main(started=gpu_preflight.process_started()))
+EOF
+}
+
+install_config() {
+    if [ -e "$CONFIG" ] || [ -L "$CONFIG" ]; then
+        say "kept existing config: $CONFIG"
+        return 0
+    fi
+    check_writable "$CONFDIR"
+    ensure_dir "$CONFDIR"
+    put "$CONFIG" 0644 "$(example_config)"
+    done_msg install "$CONFIG"
+}
+
+example_config() {
+    cat <<'EOF'
+# gpu_preflight.conf - example configuration for gpu_preflight.
+#
+# Every setting below is commented out, so the built-in defaults apply until
+# you uncomment and edit one. See "gpu_preflight --help" for their meaning.
+# Precedence: command-line flags > GPU_PREFLIGHT_* environment variables > this file > built-in defaults.
+#
+# install.sh created this file because none existed; it never overwrites or
+# removes it afterwards.
+
+[gpu_preflight]
+# host = http://127.0.0.1:11434
+# model = llama3.2
+# timeout = 3
+# deadline = 10
+# warmup = token
+# keep-alive = 10m
+# syslog-facility = user
+EOF
+}
+
+# Run the installed command once, but only when it sits at its final path.
+smoke_test() {
+    if [ -n "$DESTDIR" ]; then
+        return 0
+    fi
+    show "$(quote "$TARGET") --version"
+    if [ "$DRY_RUN" = 1 ]; then
+        return 0
+    fi
+    if ! _st_out=$("$TARGET" --version </dev/null 2>&1); then
+        err "$TARGET was installed but '$TARGET --version' failed:" "$_st_out"
+    fi
+    say "$_st_out"
+}
+
+uninstall() {
+    _un_found=0
+    for _un_file in "$TARGET" "$MODULE" "$CACHEDIR"/gpu_preflight.*.pyc; do
+        if [ -e "$_un_file" ] || [ -L "$_un_file" ]; then
+            _un_found=1
+            check_writable "${_un_file%/*}"
+            run rm -f "$_un_file"
+            done_msg remove "$_un_file"
+        fi
+    done
+    _un_cache= # an empty pattern matches no name
+    if [ -d "$CACHEDIR" ] && empty_after "$CACHEDIR" 'gpu_preflight.*.pyc'; then
+        run rmdir "$CACHEDIR"
+        _un_cache=__pycache__
+    fi
+    if [ -d "$LIBDIR" ] && empty_after "$LIBDIR" gpu_preflight.py "$_un_cache"; then
+        run rmdir "$LIBDIR"
+    fi
+    if [ "$_un_found" = 0 ]; then
+        say "not installed: $TARGET"
+    fi
+    if [ "$NO_CONFIG" = 0 ] && { [ -e "$CONFIG" ] || [ -L "$CONFIG" ]; }; then
+        say "kept config: $CONFIG (remove it by hand if it is no longer wanted)"
+    fi
+}
+
+# ---- Helpers ----------------------------------------------------------------
 
 say() {
     if [ "$QUIET" = 0 ]; then
@@ -93,14 +481,52 @@ usage_err() {
     exit 2
 }
 
-check_cmd() {
-    command -v "$1" >/dev/null 2>&1
-}
-
 need_cmd() {
-    if ! check_cmd "$1"; then
+    if ! command -v "$1" >/dev/null 2>&1; then
         err "need '$1' (command not found)"
     fi
+}
+
+# show TEXT: print TEXT on stderr, each line as "+ line": the commands that
+# change something. Under --dry-run they are the point, so even --quiet
+# prints them; with "+ " cut they replay as a shell script.
+show() {
+    if [ "$DRY_RUN" = 1 ] || [ "$QUIET" = 0 ]; then
+        printf '%s\n' "$1" | sed 's/^/+ /' >&2
+    fi
+}
+
+# run CMD ARG...: show the command, then run it (unless --dry-run); die if
+# it fails.
+run() {
+    _run_line=
+    for _run_arg in "$@"; do
+        _run_line="$_run_line${_run_line:+ }$(quote "$_run_arg")"
+    done
+    show "$_run_line"
+    if [ "$DRY_RUN" = 0 ] && ! "$@"; then
+        err "command failed: $*"
+    fi
+}
+
+# put FILE MODE TEXT, or put FILE MODE --from SOURCE: write TEXT (shown as a
+# here-document) or install a copy of SOURCE as FILE, atomically: written to
+# a temporary name beside FILE, then renamed over it.
+put() {
+    TMP="${1%/*}/.${1##*/}.tmp.$$"
+    if [ "$3" = --from ]; then
+        run install -m "$2" "$4" "$TMP"
+    else
+        show "cat > $(quote "$TMP") <<'EOF'
+$3
+EOF"
+        if [ "$DRY_RUN" = 0 ] && ! printf '%s\n' "$3" >"$TMP"; then
+            err "cannot write $TMP"
+        fi
+        run chmod "$2" "$TMP"
+    fi
+    run mv -f "$TMP" "$1"
+    TMP=
 }
 
 # quote ARG: print ARG quoted for a POSIX shell if it needs quoting.
@@ -112,66 +538,27 @@ quote() {
             return 0
             ;;
     esac
-    _q_rest=$1
-    _q_out=
-    while :; do
-        case $_q_rest in
-            *"'"*)
-                _q_out="${_q_out}${_q_rest%%"'"*}'\\''"
-                _q_rest=${_q_rest#*"'"}
-                ;;
-            *)
-                _q_out="${_q_out}${_q_rest}"
-                break
-                ;;
-        esac
-    done
-    printf "'%s'" "$_q_out"
+    printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"
 }
 
-# show_line TEXT: print one "+ command" line to stderr. Under --dry-run these
-# lines are the whole point, so they are printed even with --quiet.
-show_line() {
-    if [ "$DRY_RUN" = 1 ] || [ "$QUIET" = 0 ]; then
-        printf '%s\n' "$1" >&2
+ensure_dir() {
+    if [ ! -d "$1" ]; then
+        run install -d -m 0755 "$1"
     fi
 }
 
-# cmd_line ARG...: print "+ ARG..." with each ARG shell-quoted as needed.
-cmd_line() {
-    _cl_line='+'
-    for _cl_arg in "$@"; do
-        _cl_line="$_cl_line $(quote "$_cl_arg")"
-    done
-    printf '%s' "$_cl_line"
+# file_mode FILE: its permission string as ls -l shows it (-rw-r--r--).
+file_mode() {
+    _fm=$(ls -ld "$1")
+    printf '%.10s' "$_fm" # without the "." or "+" of an SELinux label or ACL
 }
 
-show_cmd() {
-    show_line "$(cmd_line "$@")"
-}
-
-# run CMD ARG...: print a state-changing command, then run it (unless
-# --dry-run). Dies if the command fails.
-run() {
-    show_cmd "$@"
-    if [ "$DRY_RUN" = 1 ]; then
-        return 0
-    fi
-    if ! "$@"; then
-        err "command failed: $*"
-    fi
-}
-
-# run_to FILE CMD ARG...: like run, with stdout redirected to FILE.
-run_to() {
-    _rt_file=$1
-    shift
-    show_line "$(cmd_line "$@") > $(quote "$_rt_file")"
-    if [ "$DRY_RUN" = 1 ]; then
-        return 0
-    fi
-    if ! "$@" >"$_rt_file"; then
-        err "command failed: $* > $_rt_file"
+# install_word FILE: "install" for a new file, "update" for a replaced one.
+install_word() {
+    if [ -e "$1" ] || [ -L "$1" ]; then
+        printf update
+    else
+        printf install
     fi
 }
 
@@ -184,30 +571,27 @@ done_msg() {
             install) say "installed: $2" ;;
             update) say "updated: $2" ;;
             remove) say "removed: $2" ;;
-            *) say "$1: $2" ;;
         esac
     fi
 }
 
-# Remove temporary files left behind by an interrupted or failed run.
-cleanup() {
-    if [ "$DRY_RUN" = 1 ]; then
-        return 0
-    fi
-    if [ -n "${TMP_SCRIPT:-}" ] && [ -e "$TMP_SCRIPT" ]; then
-        rm -f "$TMP_SCRIPT"
-    fi
-    if [ -n "${TMP_CONFIG:-}" ] && [ -e "$TMP_CONFIG" ]; then
-        rm -f "$TMP_CONFIG"
-    fi
-}
-
-# ensure_dir DIR: create DIR (mode 0755) if it does not exist yet. An
-# existing directory is left exactly as it is.
-ensure_dir() {
-    if [ ! -d "$1" ]; then
-        run install -d -m 0755 "$1"
-    fi
+# empty_after DIR PATTERN...: true when every entry of DIR matches a PATTERN,
+# so that DIR is empty once those are removed (and rmdir may follow).
+empty_after() {
+    _ea_dir=$1
+    shift
+    for _ea_path in "$_ea_dir"/* "$_ea_dir"/.[!.]* "$_ea_dir"/..?*; do
+        if [ -e "$_ea_path" ] || [ -L "$_ea_path" ]; then
+            _ea_ok=0
+            for _ea_pattern in "$@"; do
+                # shellcheck disable=SC2254 # a pattern, on purpose
+                case ${_ea_path##*/} in $_ea_pattern) _ea_ok=1 ;; esac
+            done
+            if [ "$_ea_ok" = 0 ]; then
+                return 1
+            fi
+        fi
+    done
 }
 
 # check_writable DIR: fail early, with a hint, if DIR (or the nearest
@@ -215,13 +599,8 @@ ensure_dir() {
 check_writable() {
     _cw_dir=$1
     while [ ! -d "$_cw_dir" ]; do
-        case $_cw_dir in
-            */*) _cw_dir=${_cw_dir%/*} ;;
-            *) _cw_dir=. ;;
-        esac
-        if [ -z "$_cw_dir" ]; then
-            _cw_dir=/
-        fi
+        _cw_dir=${_cw_dir%/*}
+        _cw_dir=${_cw_dir:-/}
     done
     if [ ! -w "$_cw_dir" ]; then
         if [ "$DRY_RUN" = 1 ]; then
@@ -234,265 +613,11 @@ check_writable() {
     fi
 }
 
-# ---- Steps ---------------------------------------------------------------
-
-parse_args() {
-    while [ $# -gt 0 ]; do
-        case $1 in
-            -h | --help)
-                usage
-                exit 0
-                ;;
-            --prefix | --sysconfdir | --destdir)
-                if [ $# -lt 2 ]; then
-                    usage_err "option $1 requires an argument"
-                fi
-                set_dir_option "$1" "$2"
-                shift
-                ;;
-            --prefix=* | --sysconfdir=* | --destdir=*)
-                set_dir_option "${1%%=*}" "${1#*=}"
-                ;;
-            --no-config) NO_CONFIG=1 ;;
-            --no-python-check) NO_PYTHON_CHECK=1 ;;
-            --uninstall) UNINSTALL=1 ;;
-            --dry-run) DRY_RUN=1 ;;
-            --quiet | -q) QUIET=1 ;;
-            --)
-                shift
-                if [ $# -gt 0 ]; then
-                    usage_err "unexpected argument: $1"
-                fi
-                break
-                ;;
-            -*) usage_err "unknown option: $1" ;;
-            *) usage_err "unexpected argument: $1" ;;
-        esac
-        shift
-    done
-}
-
-set_dir_option() {
-    case $1 in
-        --prefix) PREFIX=$2 ;;
-        --sysconfdir) SYSCONFDIR=$2 ;;
-        --destdir) DESTDIR=$2 ;;
-    esac
-}
-
-# Normalise and validate PREFIX, SYSCONFDIR and DESTDIR; derive the paths.
-resolve_paths() {
-    case $PREFIX in
-        /*) ;;
-        *) usage_err "PREFIX must be an absolute path, got '$PREFIX'" ;;
-    esac
-    case $SYSCONFDIR in
-        /*) ;;
-        *) usage_err "SYSCONFDIR must be an absolute path, got '$SYSCONFDIR'" ;;
-    esac
-    # Strip trailing slashes so that the joined paths stay clean.
-    while [ "${PREFIX%/}" != "$PREFIX" ]; do PREFIX=${PREFIX%/}; done
-    while [ "${SYSCONFDIR%/}" != "$SYSCONFDIR" ]; do SYSCONFDIR=${SYSCONFDIR%/}; done
-    while [ "${DESTDIR%/}" != "$DESTDIR" ]; do DESTDIR=${DESTDIR%/}; done
-
-    BINDIR="${DESTDIR}${PREFIX}/bin"
-    TARGET="${BINDIR}/gpu_preflight"
-    CONFDIR="${DESTDIR}${SYSCONFDIR}"
-    if [ -z "$CONFDIR" ]; then
-        CONFDIR=/
+# Remove a temporary file left behind by an interrupted or failed run.
+cleanup() {
+    if [ "$DRY_RUN" = 0 ] && [ -n "${TMP:-}" ] && [ -e "$TMP" ]; then
+        rm -f "$TMP"
     fi
-    CONFIG="${DESTDIR}${SYSCONFDIR}/gpu_preflight.conf"
-}
-
-find_source() {
-    SRCDIR=$(dirname "$0")
-    SOURCE="${SRCDIR}/gpu_preflight.py"
-    if [ ! -f "$SOURCE" ]; then
-        err "gpu_preflight.py not found next to install.sh (looked for $SOURCE)" \
-            "  install.sh installs the gpu_preflight.py that sits in the same directory;" \
-            "  copy both files to one directory and run: sh install.sh"
-    fi
-    if [ ! -r "$SOURCE" ]; then
-        err "cannot read $SOURCE"
-    fi
-}
-
-# If a SHA256SUMS file ships next to install.sh, verify gpu_preflight.py.
-verify_checksum() {
-    _vc_sums="${SRCDIR}/SHA256SUMS"
-    if [ ! -f "$_vc_sums" ]; then
-        return 0
-    fi
-    need_cmd sha256sum
-    need_cmd grep
-    if ! _vc_line=$(grep -E '^[0-9a-fA-F]{64} [ *]gpu_preflight\.py$' "$_vc_sums"); then
-        err "$_vc_sums has no line for gpu_preflight.py"
-    fi
-    if ! printf '%s\n' "$_vc_line" | (cd "$SRCDIR" && sha256sum -c - >/dev/null 2>&1); then
-        err "checksum mismatch for $SOURCE (per $_vc_sums)" \
-            "  The file may be corrupt or modified; fetch it again."
-    fi
-    say "checksum ok: $SOURCE"
-}
-
-python_hint() {
-    err "$1" \
-        "  gpu_preflight needs Python 3.6 or newer as 'python3' on PATH. Install it with:" \
-        "    RHEL/Rocky/Alma 8:  dnf install python3" \
-        "    SLES 15:            zypper install python3" \
-        "    Debian/Ubuntu:      apt-get install python3" \
-        "  (On RHEL 8, /usr/libexec/platform-python is reserved for system tools.)" \
-        "  Or point the script at another Python 3.6+ interpreter by editing the first" \
-        "  line of the installed file (#!/usr/bin/env python3), or of gpu_preflight.py" \
-        "  before installing so that a reinstall keeps it; then rerun with" \
-        "  --no-python-check."
-}
-
-check_python() {
-    if ! _cp_path=$(command -v python3 2>/dev/null); then
-        python_hint "python3 not found on PATH"
-    fi
-    if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 6))' \
-        >/dev/null 2>&1 </dev/null; then
-        if ! _cp_version=$(python3 -c 'import sys; print(sys.version.split()[0])' \
-            2>/dev/null </dev/null); then
-            _cp_version="(version unknown)"
-        fi
-        python_hint "python3 at $_cp_path is $_cp_version; Python 3.6 or newer is required"
-    fi
-}
-
-install_script() {
-    if [ -f "$TARGET" ] && [ -x "$TARGET" ] && cmp -s "$SOURCE" "$TARGET"; then
-        say "unchanged: $TARGET"
-        return 0
-    fi
-    check_writable "$BINDIR"
-    if [ -e "$TARGET" ] || [ -L "$TARGET" ]; then
-        _is_word=update
-    else
-        _is_word=install
-    fi
-    ensure_dir "$BINDIR"
-    TMP_SCRIPT="${BINDIR}/.gpu_preflight.tmp.$$"
-    run install -m 0755 "$SOURCE" "$TMP_SCRIPT"
-    run mv -f "$TMP_SCRIPT" "$TARGET"
-    TMP_SCRIPT=
-    done_msg "$_is_word" "$TARGET"
-}
-
-example_config() {
-    cat <<'EOF'
-# gpu_preflight.conf - example configuration for gpu_preflight.
-#
-# Every setting below is commented out, so the built-in defaults apply until
-# you uncomment and edit one. See "gpu_preflight --help" for their meaning.
-# Precedence: command-line flags > GPU_PREFLIGHT_* environment variables > this file > built-in defaults.
-#
-# install.sh created this file because none existed; it never overwrites or
-# removes it afterwards.
-
-[gpu_preflight]
-# host = http://127.0.0.1:11434
-# model = llama3.2
-# timeout = 3
-# deadline = 10
-# warmup = token
-# keep-alive = 10m
-# syslog-facility = user
-EOF
-}
-
-install_config() {
-    if [ -e "$CONFIG" ] || [ -L "$CONFIG" ]; then
-        say "kept existing config: $CONFIG"
-        return 0
-    fi
-    check_writable "$CONFDIR"
-    ensure_dir "$CONFDIR"
-    TMP_CONFIG="${CONFDIR%/}/.gpu_preflight.conf.tmp.$$"
-    run_to "$TMP_CONFIG" example_config
-    run chmod 0644 "$TMP_CONFIG"
-    run mv -f "$TMP_CONFIG" "$CONFIG"
-    TMP_CONFIG=
-    done_msg install "$CONFIG"
-}
-
-# Run the installed script once, but only when it sits at its final path.
-smoke_test() {
-    if [ -n "$DESTDIR" ]; then
-        return 0
-    fi
-    if [ "$DRY_RUN" = 1 ]; then
-        show_cmd "$TARGET" --version
-        return 0
-    fi
-    show_cmd "$TARGET" --version
-    if ! _st_out=$("$TARGET" --version </dev/null 2>&1); then
-        err "$TARGET was installed but '$TARGET --version' failed:" "$_st_out"
-    fi
-    say "$_st_out"
-}
-
-uninstall() {
-    if [ -e "$TARGET" ] || [ -L "$TARGET" ]; then
-        check_writable "$BINDIR"
-        run rm -f "$TARGET"
-        done_msg remove "$TARGET"
-    else
-        say "not installed: $TARGET"
-    fi
-    if [ "$NO_CONFIG" = 0 ] && { [ -e "$CONFIG" ] || [ -L "$CONFIG" ]; }; then
-        say "kept config: $CONFIG (remove it by hand if it is no longer wanted)"
-    fi
-}
-
-main() {
-    PREFIX=${PREFIX:-/usr/local}
-    SYSCONFDIR=${SYSCONFDIR:-/etc}
-    DESTDIR=${DESTDIR:-}
-    NO_CONFIG=0
-    NO_PYTHON_CHECK=0
-    UNINSTALL=0
-    DRY_RUN=0
-    QUIET=0
-    TMP_SCRIPT=
-    TMP_CONFIG=
-
-    parse_args "$@"
-    resolve_paths
-    umask 022
-    trap cleanup EXIT
-    trap 'exit 130' INT
-    trap 'exit 143' TERM
-
-    need_cmd install
-    need_cmd cmp
-    need_cmd mv
-    need_cmd rm
-    need_cmd chmod
-    need_cmd dirname
-    need_cmd cat
-
-    if [ "$DRY_RUN" = 1 ]; then
-        say "dry run: nothing will be changed"
-    fi
-
-    if [ "$UNINSTALL" = 1 ]; then
-        uninstall
-        return 0
-    fi
-
-    find_source
-    verify_checksum
-    if [ "$NO_PYTHON_CHECK" = 0 ]; then
-        check_python
-    fi
-    install_script
-    if [ "$NO_CONFIG" = 0 ]; then
-        install_config
-    fi
-    smoke_test
 }
 
 main "$@"

@@ -1,36 +1,50 @@
 #!/usr/bin/env python3
-"""Benchmark gpu_preflight.py against its floor and its peers, side by side.
+"""Benchmark gpu_preflight against its floor and its peers, side by side.
 
-    python3 tests/bench.py [--runs 21] [--python PATH]
+    python3 tests/bench.py [--runs 21] [--python PATH] [--importtime]
 
-Everything runs against the loopback Ollama emulator (tests/ollama_emu.py)
-in one process, variants interleaved round by round so that machine noise
-hits them alike; each figure is the median wall time of --runs process
-launches (and the peak RSS of the script's own runs). Printed:
+The bench installs the command with install.sh into a temporary prefix (the
+fast layout: a launcher that imports the module from its bytecode cache),
+using the --python interpreter. Everything runs against the loopback Ollama
+emulator (tests/ollama_emu.py) in one process, variants interleaved round by
+round so that machine noise hits them alike; each figure is the median wall
+time of --runs process launches, in cron's environment (PATH only). Printed:
 
-  healthy path       gpu_preflight.py, warm model, all four stages
-  import floor       python3 -c "import urllib.request, json"
-  curl, two calls    GET /api/tags && POST /api/generate, as a shell one-liner
-  requests, two      the seed's approach with requests (when importable),
-                     sending the correct native body
-  refused port       gpu_preflight.py against a port nothing listens on
-  deadline overshoot wall time past --deadline 1 against a server that
-                     trickles a byte every 2 s, and one that never answers
-  GPU stage, NVML    the healthy path with --gpu against the fake
-                     libnvidia-ml.so.1 (tests/fake_nvml.c, built with cc)
-  GPU stage, smi     the same through the fake nvidia-smi (a sh script)
-  shared verdict     --share-result: a ready verdict another caller left is
-                     reused without touching the network
+  interpreter alone    python3 -I -c pass
+  import floor         python3 -I -c "import urllib.request, json"
+  no-network floor     python3 -I -c "import argparse, json, fcntl, signal,
+                       socket, threading": what a reused verdict needs at least
+  installed, ...       the installed command: healthy path (warm model, all
+                       four stages; "+ config": also reading the example
+                       config install.sh puts in /etc), refused port
+                       (nothing listens), reused verdict (--share-result: a
+                       ready verdict another caller left, no network), GPU
+                       stage through the fake libnvidia-ml.so.1
+                       (tests/fake_nvml.c, built with cc) and the fake
+                       nvidia-smi
+  copied file, ...     python3 gpu_preflight.py, compiled on every run
+  curl, two calls      GET /api/tags && POST /api/generate, a shell one-liner
+  requests, two calls  the seed's approach with requests (when importable)
+  deadline overshoot   wall time past --deadline 1 against a server that
+                       trickles a byte every 2 s, and one that never answers
+  peak RSS             VmHWM of the process, for the floor and the command
 
-Targets (issue 2): healthy <= 1.3 x floor; refused <= floor + 30 ms;
-overshoot < 0.25 s; peak RSS < 20 MiB. Issue 3: the NVML stage adds < 15 ms
-(the fake's own init costs nothing). Issue 4: the shared verdict costs at most
-floor + 5 ms. A benchmark, not a test: it reports.
+Targets (issue 14): installed healthy <= 1.2 x floor, its peak RSS <= the
+floor's + 2 MiB; installed refused <= floor + 10 ms; installed reused verdict
+<= 0.7 x floor; copied file healthy <= 1.7 x floor. Earlier ones: overshoot
+< 0.25 s; the NVML stage adds < 15 ms. A benchmark, not a test: it reports.
+
+--importtime adds (Python 3.7+), for the installed command's healthy path
+(with and without the example config), refused port and reused verdict, the
+modules it imports (python3 -X importtime, median of --runs): those the module
+imports at start and those the run imports later (cumulative times), and
+every module the import floor does not load (self times).
 """
 
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -39,7 +53,8 @@ import tempfile
 import time
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(TESTS), "gpu_preflight.py")
+REPO = os.path.dirname(TESTS)
+SCRIPT = os.path.join(REPO, "gpu_preflight.py")
 sys.path.insert(0, TESTS)
 
 import fakes  # noqa: E402
@@ -57,26 +72,38 @@ r = requests.post(base + "/api/generate", timeout=3, json={"model": "llama3.2:la
 r.raise_for_status()
 """
 
+FLOOR = "import urllib.request, json"
+#: What a run that sends nothing (a reused verdict) needs at least: the
+#: option parser, json and flock for the state file, a socket for syslog.
+NO_NETWORK = "import argparse, json, fcntl, signal, socket, threading"
 
 #: Runs a script as __main__, then prints the process's own peak RSS (VmHWM).
 #: rusage's ru_maxrss would count the pages of this (large) benchmark process
 #: that the child held between fork and exec; VmHWM belongs to the new image.
+#: The floor and the command run through it alike.
 PEAK_RSS = """
-import runpy, sys
+import sys
 sys.argv = sys.argv[1:]
 try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    if sys.argv[0] == "-c":
+        exec(sys.argv[1])
+    else:
+        with open(sys.argv[0]) as handle:
+            code = compile(handle.read(), sys.argv[0], "exec")
+        exec(code, {"__name__": "__main__", "__file__": sys.argv[0]})
 except SystemExit:
     pass
 with open("/proc/self/status") as status:
     sys.stderr.write([l for l in status if l.startswith("VmHWM")][0])
 """
 
+CRON_ENV = {"PATH": "/usr/bin:/bin"}
+
 
 def timed(cmd):
     """(wall seconds, exit status) of one process, in cron's environment;
     cmd may start with NAME=VALUE items to add to that environment."""
-    env = {"PATH": "/usr/bin:/bin"}
+    env = dict(CRON_ENV)
     while "=" in cmd[0]:
         env.update([cmd[0].split("=", 1)])
         cmd = cmd[1:]
@@ -86,10 +113,11 @@ def timed(cmd):
     return time.monotonic() - started, code
 
 
-def peak_rss_mib(py, argv):
-    """Peak RSS of `py argv...` in MiB (see PEAK_RSS)."""
-    out = subprocess.run([py, "-c", PEAK_RSS] + argv, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"}).stderr
+def peak_rss_mib(py, flags, argv):
+    """Peak RSS of `py flags... argv...` in MiB (see PEAK_RSS)."""
+    out = subprocess.run([py] + flags + ["-c", PEAK_RSS] + argv,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         env=CRON_ENV).stderr
     return int(out.decode().split()[-2]) / 1024.0
 
 
@@ -106,54 +134,129 @@ def median_ms(samples):
     return statistics.median(s[0] for s in samples) * 1000.0
 
 
+def install(py, work):
+    """Install the command with install.sh into work/prefix, its example
+    config into work/etc; their paths."""
+    prefix = os.path.join(work, "prefix")
+    subprocess.run(["sh", os.path.join(REPO, "install.sh"), "--prefix", prefix,
+                    "--sysconfdir", os.path.join(work, "etc"), "--python", py,
+                    "--quiet"], check=True, stdin=subprocess.DEVNULL, env=CRON_ENV)
+    return (os.path.join(prefix, "bin", "gpu_preflight"),
+            os.path.join(work, "etc", "gpu_preflight.conf"))
+
+
+def import_times(py, cmd, runs):
+    """Median import times (us) of `py -I -X importtime cmd...`, as
+    {name: (self, cumulative, when)}: when is "start" for what the module
+    gpu_preflight itself imports, "later" for what the run imports after it
+    (inside functions), "" for the rest (the interpreter's own, nested ones)."""
+    found = {}
+    for _ in range(runs):
+        err = subprocess.run([py, "-I", "-X", "importtime"] + cmd,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env=CRON_ENV).stderr.decode()
+        rows = re.findall(r"^import time:\s+(\d+) \|\s+(\d+) \|( +)(\S+)$", err, re.M)
+        # a row comes after the rows of what it imported, indented one step
+        # more: the module's own imports are the level-1 rows just before its
+        # row, and the level-0 rows after it are what the run imported later
+        children, seen_module = [], False
+        for self_us, cumulative, indent, name in rows:
+            level = (len(indent) - 1) // 2
+            when = ""
+            if level == 1:
+                children.append(name)
+            elif level == 0:
+                if name == "gpu_preflight":
+                    seen_module = True
+                    for child in children:
+                        found[child][2] = "start"
+                elif seen_module:
+                    when = "later"
+                children = []
+            found.setdefault(name, [[], [], ""])
+            found[name][0].append(int(self_us))
+            found[name][1].append(int(cumulative))
+            found[name][2] = found[name][2] or when
+    return dict((name, (statistics.median(s), statistics.median(c), when))
+                for name, (s, c, when) in found.items())
+
+
+def print_imports(name, found, floor):
+    """The report of import_times: the module's own imports at start, what
+    the run imports later, and every module the floor does not load."""
+    def listed(items):
+        return ", ".join("%s %.1f" % (n, us / 1000.0) for n, us in
+                         sorted(items, key=lambda item: -item[1])) or "none"
+    beyond = [(n, v[0]) for n, v in found.items() if n not in floor]
+    print("imports of the installed command, %s (ms, median):" % name)
+    print("  at start (cumulative): " + listed(
+        [(n, v[1]) for n, v in found.items() if v[2] == "start"]))
+    print("  later (cumulative):    " + listed(
+        [(n, v[1]) for n, v in found.items() if v[2] == "later"]))
+    print("  beyond the floor (self, %.1f in all): %s"
+          % (sum(us for _, us in beyond) / 1000.0, listed(beyond)))
+
+
+def version_info(py):
+    out = subprocess.check_output([py, "-c", "import sys; print(sys.version_info[:3])"])
+    return tuple(int(x) for x in re.findall(r"\d+", out.decode()))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--importtime", action="store_true",
+                        help="also list the installed command's imports")
     args = parser.parse_args(argv)
     py = args.python
-    version = subprocess.check_output(
-        [py, "-c", "import sys; print(sys.version.split()[0])"]).decode().strip()
+    version = ".".join(str(x) for x in version_info(py))
 
     work = tempfile.mkdtemp(prefix="gpfl-bench-")
-    floor_file = os.path.join(work, "floor.py")
-    with open(floor_file, "w") as handle:
-        handle.write("import urllib.request, json\n")
     warm = Emulator().start()
     trickle = Emulator(mode="trickle").start()
     hang = Emulator(mode="hang").start()
     refused = "127.0.0.1:%d" % free_port()
-    gp = [py, SCRIPT, "--no-syslog"]
-    variants = [
-        ("healthy path", gp + ["--host", warm.url]),
-        ("import floor", [py, "-c", "import urllib.request, json"]),
-        ("refused port", gp + ["--host", refused]),
-        ("shared verdict", gp + ["--host", warm.url, "--share-result", "86400",
-                                 "--state-dir", os.path.join(work, "state")]),
-    ]
-    if shutil.which("cc"):
-        lib = fakes.build_fake_nvml(work)
-        fakes.write_fake_smi(work)
-        variants += [
-            ("GPU stage, NVML", gp + ["--host", warm.url, "--gpu-backend", "nvml",
-                                      "--nvml-lib", lib]),
-            ("GPU stage, smi", ["PATH=%s:/usr/bin:/bin" % work] + gp + [
-                "--host", warm.url, "--gpu-backend", "nvidia-smi"])]
-    curl = shutil.which("curl")
-    if curl:
-        variants.append(("curl, two calls", [
-            "/bin/sh", "-c", '%s -sf --max-time 3 "$0/api/tags" >/dev/null && '
-            '%s -sf --max-time 3 -d "$1" "$0/api/generate" >/dev/null' % (curl, curl),
-            warm.url, BODY]))
-    has_requests = subprocess.call([py, "-c", "import requests"],
-                                   stderr=subprocess.DEVNULL) == 0
-    if has_requests:
-        variants.append(("requests, two calls", [py, "-c", REQUESTS_SEED, warm.url]))
-
     try:
+        command, config = install(py, work)
+        state = os.path.join(work, "state")
+        gp = [command, "--no-syslog"]
+        copied = [py, SCRIPT, "--no-syslog"]
+        variants = [
+            ("interpreter alone", [py, "-I", "-c", "pass"]),
+            ("import floor", [py, "-I", "-c", FLOOR]),
+            ("no-network floor", [py, "-I", "-c", NO_NETWORK]),
+            ("installed, healthy", gp + ["--host", warm.url]),
+            ("installed, healthy + config", gp + ["--host", warm.url,
+                                                  "--config", config]),
+            ("installed, refused port", gp + ["--host", refused]),
+            ("installed, reused verdict", gp + [
+                "--host", warm.url, "--share-result", "86400", "--state-dir", state]),
+            ("copied file, healthy", copied + ["--host", warm.url]),
+            ("copied file, refused port", copied + ["--host", refused]),
+        ]
+        if shutil.which("cc"):
+            lib = fakes.build_fake_nvml(work)
+            fakes.write_fake_smi(work)
+            variants += [
+                ("installed, GPU NVML", gp + ["--host", warm.url, "--gpu-backend", "nvml",
+                                             "--nvml-lib", lib]),
+                ("installed, GPU smi", ["PATH=%s:/usr/bin:/bin" % work] + gp + [
+                    "--host", warm.url, "--gpu-backend", "nvidia-smi"])]
+        curl = shutil.which("curl")
+        if curl:
+            variants.append(("curl, two calls", [
+                "/bin/sh", "-c", '%s -sf --max-time 3 "$0/api/tags" >/dev/null && '
+                '%s -sf --max-time 3 -d "$1" "$0/api/generate" >/dev/null' % (curl, curl),
+                warm.url, BODY]))
+        has_requests = subprocess.call([py, "-c", "import requests"],
+                                       stderr=subprocess.DEVNULL) == 0
+        if has_requests:
+            variants.append(("requests, two calls", [py, "-c", REQUESTS_SEED, warm.url]))
+
         for name, cmd in variants:          # warm caches, check each works
             code = timed(cmd)[1]
-            if (code != 0) != (name == "refused port"):
+            if (code != 0) != ("refused" in name):
                 raise SystemExit("bench: %r exited %d; not measuring a failure"
                                  % (name, code))
         fast = measure(variants, args.runs)
@@ -163,37 +266,73 @@ def main(argv=None):
             ("never answers", gp + ["--host", hang.url, "--timeout", "5",
                                     "--deadline", "1"]),
         ], slow_runs)
-        rss = {"gpu_preflight.py, healthy": peak_rss_mib(py, gp[1:] + ["--host", warm.url]),
-               "gpu_preflight.py, refused": peak_rss_mib(py, gp[1:] + ["--host", refused]),
-               "import floor": peak_rss_mib(py, [floor_file])}
+        rss = [("import floor", peak_rss_mib(py, ["-I"], ["-c", FLOOR])),
+               ("installed, healthy", peak_rss_mib(py, ["-I"], gp + ["--host", warm.url])),
+               ("installed, refused", peak_rss_mib(py, ["-I"], gp + ["--host", refused])),
+               ("copied file, healthy", peak_rss_mib(py, [], copied[1:] + [
+                   "--host", warm.url]))]
+        imports = {}
+        if args.importtime and version_info(py) < (3, 7):
+            print("bench: -X importtime needs Python 3.7+; not listing imports")
+        elif args.importtime:
+            imports["floor"] = import_times(py, ["-c", FLOOR], args.runs)
+            for name, extra in (("healthy path", ["--host", warm.url]),
+                                ("healthy path, example config", [
+                                    "--host", warm.url, "--config", config]),
+                                ("refused port", ["--host", refused]),
+                                ("reused verdict", ["--host", warm.url, "--share-result",
+                                                    "86400", "--state-dir", state])):
+                imports[name] = import_times(py, gp + extra, args.runs)
     finally:
         for emu in (warm, trickle, hang):
             emu.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     floor = median_ms(fast["import floor"])
-    print("gpu_preflight benchmark: Python %s, medians of %d interleaved runs "
-          "(overshoot: %d), loopback emulator" % (version, args.runs, slow_runs))
-    print("%-24s %10s %8s" % ("", "median ms", "x floor"))
-    healthy = median_ms(fast["healthy path"])
+    print("gpu_preflight benchmark: Python %s (%s), medians of %d interleaved runs "
+          "(overshoot: %d), loopback emulator" % (version, py, args.runs, slow_runs))
+    print("%-28s %10s %8s %10s" % ("", "median ms", "x floor", "- floor"))
     for name, _ in variants:
         ms = median_ms(fast[name])
-        print("%-24s %10.1f %8.2f%s" % (name, ms, ms / floor, "   %+.1f ms over healthy"
-                                        % (ms - healthy) if name.startswith("GPU") else ""))
+        print("%-28s %10.1f %8.2f %+10.1f" % (name, ms, ms / floor, ms - floor))
     overshoot = {}
     for name, samples in slow.items():
         overshoot[name] = statistics.median(s[0] for s in samples) - 1.0
-        print("overshoot, %-13s %10.3f s past --deadline 1 (worst %.3f s, exit %s)"
+        print("overshoot, %-17s %10.3f s past --deadline 1 (worst %.3f s, exit %s)"
               % (name, overshoot[name], max(s[0] for s in samples) - 1.0,
                  "/".join(str(c) for c in sorted(set(s[1] for s in samples)))))
-    for name, mib in rss.items():
-        print("peak RSS, %-25s %5.1f MiB" % (name, mib))
-    refused_ms = median_ms(fast["refused port"])
-    print("shared verdict - floor %+.1f ms (<= 5)" % (median_ms(fast["shared verdict"]) - floor))
-    print("targets: healthy/floor %.2f (<= 1.30); refused - floor %+.1f ms (<= 30); "
-          "overshoot %.3f s (< 0.25); peak RSS %.1f MiB (< 20)"
-          % (healthy / floor, refused_ms - floor, max(overshoot.values()),
-             max(rss["gpu_preflight.py, healthy"], rss["gpu_preflight.py, refused"])))
+    for name, mib in rss:
+        print("peak RSS, %-18s %10.1f MiB" % (name, mib))
+    rss = dict(rss)
+
+    def verdict(ok):
+        return "met" if ok else "MISSED"
+
+    healthy = median_ms(fast["installed, healthy"])
+    refused_ms = median_ms(fast["installed, refused port"])
+    reused = median_ms(fast["installed, reused verdict"])
+    copied_ms = median_ms(fast["copied file, healthy"])
+    extra_rss = rss["installed, healthy"] - rss["import floor"]
+    print("targets:")
+    print("  installed healthy    %5.2f x floor (<= 1.20)   %s"
+          % (healthy / floor, verdict(healthy <= 1.2 * floor)))
+    print("  installed peak RSS   %+5.1f MiB over floor (<= 2) %s"
+          % (extra_rss, verdict(extra_rss <= 2.0)))
+    print("  installed refused    %+5.1f ms over floor (<= 10) %s"
+          % (refused_ms - floor, verdict(refused_ms - floor <= 10.0)))
+    print("  installed reused     %5.2f x floor (<= 0.70)   %s"
+          % (reused / floor, verdict(reused <= 0.7 * floor)))
+    print("  copied file healthy  %5.2f x floor (<= 1.70)   %s"
+          % (copied_ms / floor, verdict(copied_ms <= 1.7 * floor)))
+    print("  overshoot            %5.3f s (< 0.25)          %s"
+          % (max(overshoot.values()), verdict(max(overshoot.values()) < 0.25)))
+    if "installed, GPU NVML" in fast:
+        nvml = median_ms(fast["installed, GPU NVML"]) - healthy
+        print("  NVML stage           %+5.1f ms over healthy (< 15) %s"
+              % (nvml, verdict(nvml < 15.0)))
+    for name, found in imports.items():
+        if name != "floor":
+            print_imports(name, found, imports["floor"])
     return 0
 
 

