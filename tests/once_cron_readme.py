@@ -283,7 +283,9 @@ class ReadmeCronTest(unittest.TestCase):
             self.assertEqual(fields.get("result"), "skip", d)
             self.assertNotEqual(fields.get("code"), "0", d)
             if pid in seen.killed:      # SIGTERM during --wait: interrupted
-                continue                # (or, before a fix, the last attempt's)
+                self.assertEqual(fields.get("code"), "143", d)
+                self.assertIn("interrupted by SIGTERM", fields.get("reason", ""), d)
+                continue
             self.assertTrue(any(text in fields.get("reason", "") for text in allowed),
                             "reason %r, want one of %r" % (fields.get("reason"), allowed) + d)
 
@@ -386,7 +388,7 @@ class ReadmeCronTest(unittest.TestCase):
             for pid, (argv, environ) in processes_in(namespace[0]).items():
                 marks = [e.split("=", 1)[1] for e in environ
                          if e.startswith("GPFL_README_LINE=")]
-                if marks and any("gpu_preflight" in a for a in argv[:2]):
+                if marks and any(a.endswith("/gpu_preflight") for a in argv[:3]):
                     found[int(marks[0])] = pid
             return found
 
