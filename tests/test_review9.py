@@ -173,6 +173,20 @@ class LogChangesOnlyTest(TrustCase):
                          % (lines,))
         self.assertIn("stage=command", lines[0])
 
+    def test_the_ready_after_a_fixed_config_error_is_logged(self):
+        # a broken file drops its values, so the 78 is kept under another
+        # state key; the ready after the fix compares with the old ready
+        conf = self.path("gp.conf")
+        good = "[gpu_preflight]\nhost = %s\ntimeout = 2\n" % self.emu.url
+        args = ["--config", conf, "--log-changes-only", "--state-dir", self.path("state")]
+        for text, code in ((good, 0), (good + "bogus = 1\n", 78), (good, 0)):
+            self.sink.messages(wait=0.01)
+            self.write(conf, text)
+            self.assertEqual(self.run_gp(args).code, code)
+        lines = self.sink.messages()
+        self.assertEqual(len(lines), 1, "the recovery from the config error was not logged")
+        self.assertIn("result=ready", lines[0])
+
 
 class GpuTest(TrustCase):
     def setUp(self):
