@@ -275,7 +275,8 @@ def _bounded_int(digits):
 
 
 def parse_ollama_host(value):
-    """Parse OLLAMA_HOST as Ollama does; return (base URL, warning or None).
+    """Parse OLLAMA_HOST as Ollama does; return (base URL, the bad port it
+    replaced with the default, or None).
 
     'http://host' means port 80 and 'https://host' port 443; without a scheme
     the port is 11434; quotes and spaces are stripped; a path is kept as a
@@ -297,13 +298,12 @@ def parse_ollama_host(value):
     if got_port is None:
         host = hostport.strip("[]") if hostport else "127.0.0.1"
         got_port = port
-    warning = None
+    bad_port = None
     if not is_digits(got_port) or int(got_port) > 65535:
-        warning = "invalid port %r, using %s" % (got_port, port)
-        got_port = port
+        bad_port, got_port = got_port, port
     if ":" in host:
         host = "[%s]" % host
-    return "%s://%s:%s%s" % (scheme, host, got_port, path), warning
+    return "%s://%s:%s%s" % (scheme, host, got_port, path), bad_port
 
 
 def _split_host_port(text):
@@ -324,9 +324,11 @@ def host_url(value):
     text = value.strip().strip("\"'")
     if re.search(r"[\s?#@]", text) or text.count("[") != text.count("]"):
         raise ValueError("%r is not a URL or HOST:PORT" % value)
-    url, warning = parse_ollama_host(value)
-    if warning:
-        raise ValueError("%s: %s" % (value.strip(), warning))
+    if text.endswith("://"):
+        raise ValueError("%r names no host" % value)
+    url, bad_port = parse_ollama_host(value)
+    if bad_port is not None:
+        raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(), bad_port))
     if not url.startswith(("http://", "https://")):
         raise ValueError("%s: only http:// and https:// URLs are supported"
                          % value.strip())
@@ -464,8 +466,16 @@ def parse_gpu_ids(text):
     return ids
 
 
+def parse_path(text):
+    """A file or directory path: not empty, no NUL byte."""
+    if not text.strip() or "\0" in text:
+        raise ValueError("%r is not a path" % text)
+    return text
+
+
 def parse_nvml_lib(text):
     """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
+    parse_path(text)
     if "/stubs/" in text:
         raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
                          "driver's library" % text)
@@ -577,20 +587,27 @@ _SECRETS = {"pieces": set(), "short": set()}
 
 
 def add_secret(secret):
-    """Hide secret, and any SECRET_PIECE characters of it, from every output."""
-    for form in (secret, json.dumps(secret)[1:-1]):
+    """Hide secret, and any SECRET_PIECE characters of it, from every output:
+    as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
+    from urllib.parse import quote
+    html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for form in (secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote(secret),
+                 html.replace('"', "&quot;").replace("'", "&#x27;"),
+                 html.replace('"', "&#34;").replace("'", "&#39;")):
         if len(form) < SECRET_PIECE:
             _SECRETS["short"].add(form)
         _SECRETS["pieces"].update(form[i:i + SECRET_PIECE]
                                   for i in range(len(form) - SECRET_PIECE + 1))
 
 
-def redact(text):
+def redact(text, server_text=True):
     """text with every run of characters holding a piece of a secret replaced
     by [token]. A run swallows a backslash that escapes its first or follows
-    its last character, so a JSON string or a quoted log value stays whole."""
+    its last character, so a JSON string or a quoted log value stays whole.
+    A secret shorter than a piece is hidden only in server_text, before it
+    is quoted: in a whole line it could be any common letter or a quote."""
     pieces, n = _SECRETS["pieces"], SECRET_PIECE
-    for short in _SECRETS["short"]:
+    for short in _SECRETS["short"] if server_text else ():
         text = text.replace(short, "[token]")
     hits = [i for i in range(len(text) - n + 1) if text[i:i + n] in pieces] \
         if pieces else ()
@@ -806,10 +823,10 @@ OPTIONS = (
         ("api", None, CHECK, parse_choice("ollama", "openai", "auto"), "ollama", "NAME",
          "ollama (native API), openai (vLLM, llama-server: /health, /v1/models, "
          "/v1/completions) or auto (ask GET /api/version once)"),
-        ("token-file", None, CHECK, str, None, "PATH",
+        ("token-file", None, CHECK, parse_path, None, "PATH",
          "send 'Authorization: Bearer' with the token in PATH (or in "
          "GPU_PREFLIGHT_TOKEN); never on the command line"),
-        ("cafile", None, CHECK, str, None, "PATH",
+        ("cafile", None, CHECK, parse_path, None, "PATH",
          "verify https:// hosts against this CA bundle instead of the system's"),
         ("insecure", None, CHECK, "flag", False, None,
          "do not verify TLS certificates (logged as a problem on every run)"),
@@ -864,7 +881,7 @@ OPTIONS = (
          "being noted"),
     )),
     ("living under cron, and the job", (
-        ("lock", None, HOW, str, None, "PATH",
+        ("lock", None, HOW, parse_path, None, "PATH",
          "hold an exclusive flock on PATH from before the checks (until the "
          "job ends, with -- COMMAND); held elsewhere: exit 75"),
         ("wait", None, HOW, parse_seconds, None, "SECONDS",
@@ -875,11 +892,11 @@ OPTIONS = (
         ("share-result", None, HOW, parse_seconds, None, "SECONDS",
          "reuse a ready verdict younger than SECONDS for the same check, and "
          "wait for a check in flight instead of sending another"),
-        ("state-dir", None, HOW, str, None, "PATH",
+        ("state-dir", None, HOW, parse_path, None, "PATH",
          "where shared verdicts and skip counts live (default "
          "$XDG_RUNTIME_DIR/%s, %s for root, else /tmp/%s-UID)"
          % (STATE_SUBDIR, ROOT_STATE_DIR, STATE_SUBDIR)),
-        ("metrics-file", None, HOW, str, None, "PATH",
+        ("metrics-file", None, HOW, parse_path, None, "PATH",
          "write Prometheus metrics there for node_exporter's textfile collector"),
         ("log-changes-only", None, HOW, "flag", False, None,
          "log only when the verdict changes (for every-minute schedules)"),
@@ -975,18 +992,27 @@ def build_parser():
 
 
 def read_config_file(path, must_exist):
-    """The [gpu_preflight] keys of an INI file, as {option name: text}."""
-    if not must_exist and not os.path.exists(path):
-        return {}
-    import configparser     # only when there is a file: it costs 2 ms
-    parser = configparser.ConfigParser(interpolation=None)
+    """The [gpu_preflight] keys of an INI file, as {option name: text};
+    None when there is no file and none was asked for."""
+    if not must_exist and not os.path.lexists(path):   # a dangling link is an error
+        return None
     try:
-        parser.read_string(read_trusted(path, MAX_CONFIG).decode("utf-8"), path)
+        text = read_trusted(path, MAX_CONFIG).decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError("bad config file %s: not UTF-8 text" % path)
     except ValueError as exc:
         raise ConfigError("cannot read config file %s: %s" % (path, exc))
-    except (configparser.Error, UnicodeDecodeError) as exc:
+    lines = [l.strip() for l in text.splitlines() if l.strip()[:1] not in ("", "#", ";")]
+    if lines in ([], ["[%s]" % CONFIG_SECTION]):
+        return {}           # install.sh's example, all comments: no configparser
+    import configparser
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text, path)
+    except configparser.MissingSectionHeaderError:
+        raise ConfigError("bad config file %s: its first setting comes before any "
+                          "section: put [%s] on a line above it" % (path, CONFIG_SECTION))
+    except configparser.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError("bad config file %s: %s" % (path, first))
     if not parser.has_section(CONFIG_SECTION):
@@ -1010,15 +1036,16 @@ def untrusted(path):
     judged by its owner, the directory holding it and what it points to.
     Raises OSError when the path cannot be looked up."""
     owners = (0, os.geteuid())
-    todo = [p for p in os.path.abspath(path).split("/") if p]
+    todo = [p for p in os.path.join(os.getcwd(), path).split("/") if p]  # no lexical ..
     here, hops = "/", 0
     info = os.lstat(here)
     while True:
         mode = info.st_mode
         if info.st_uid not in owners:
-            return "%s is owned by %s, not by %s: chown root %s" % (
+            me = "root" if owners[1] == 0 else user_name(owners[1], bare=True)
+            return "%s is owned by %s, not by %s: chown %s %s" % (
                 here, user_name(info.st_uid),
-                "root" if owners[1] == 0 else "this user or root", here)
+                "root" if owners[1] == 0 else "this user or root", me, here)
         if stat.S_ISLNK(mode):
             hops += 1
             if hops > 40:
@@ -1147,7 +1174,8 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
 
     Raises ConfigError for a bad environment or file value.
     """
-    opts = argparse.Namespace()
+    file_values = file_values or {}
+    opts = argparse.Namespace(said=[])     # said: what -v tells about the setup
     for name, _, _, kind, default, _, _ in each_option():
         attr = name.replace("-", "_")
         value = getattr(ns, attr, None)
@@ -1166,7 +1194,11 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
     if opts.host is None:
         opts.host = DEFAULT_HOST
         if environ.get("OLLAMA_HOST", "").strip():
-            opts.host, _ = parse_ollama_host(environ["OLLAMA_HOST"])
+            opts.host, bad_port = parse_ollama_host(environ["OLLAMA_HOST"])
+            if bad_port:        # as Ollama itself does
+                opts.said.append("OLLAMA_HOST=%s: invalid port %r, using %s as Ollama "
+                                 "does" % (sanitise(environ["OLLAMA_HOST"]), bad_port,
+                                           opts.host.rsplit(":", 1)[1]))
             if not opts.host.startswith(("http://", "https://")):
                 raise ConfigError("OLLAMA_HOST=%r: only http:// and https:// "
                                   "are supported" % environ["OLLAMA_HOST"])
@@ -1193,15 +1225,35 @@ def configure(ns, environ):
     On error the options still carry what flags and defaults say, so the
     error is logged where the command line asked.
     """
-    path = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
+    path, must_exist = config_path(ns, environ)
     try:
-        values = read_config_file(path or DEFAULT_CONFIG, bool(path))
-        return resolve_options(ns, environ, values, path or DEFAULT_CONFIG), None
+        values = read_config_file(path, must_exist)
+        opts = resolve_options(ns, environ, values, path)
+        opts.said.insert(0, "config file %s" % path if values is not None else
+                         "no config file (%s does not exist)" % path)
+        return opts, None
     except ConfigError as exc:
         try:
             return resolve_options(ns, environ, {}), str(exc)
         except ConfigError:
             return resolve_options(ns, {}, {}), str(exc)
+
+
+def config_path(ns, environ):
+    """(path, whether it must exist) of the config file: --config, else
+    GPU_PREFLIGHT_CONFIG, else, not running as root, the user's
+    $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config) when it exists (where
+    install.sh --sysconfdir "$HOME/.config" puts it), else DEFAULT_CONFIG."""
+    given = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
+    if given:
+        return given, True
+    if os.geteuid() != 0:
+        base = environ.get("XDG_CONFIG_HOME", "").strip() or os.path.join(
+            environ.get("HOME", ""), ".config")
+        user = os.path.join(base, PROG + ".conf")
+        if base.startswith("/") and os.path.exists(user):
+            return user, True
+    return DEFAULT_CONFIG, False
 
 
 # ---- GPU collectors: NVML, nvidia-smi, AMD sysfs, each in a child process --
@@ -1254,8 +1306,9 @@ def spawn(run, child=None, argv=None, env=None):
     return pid, rfd
 
 
-def collect(run, pid, rfd, ends_at, what):
-    """The child's output and exit status (None: it has not ended yet).
+def collect(run, pid, rfd, ends_at, what, reaped_by=None):
+    """The child's output and exit status (None: it has not ended by
+    reaped_by, or PROBE_REAP_WAIT after its output ended).
 
     Raises Fail (75, "GPU probe hung") when the output does not end in time.
     """
@@ -1277,7 +1330,7 @@ def collect(run, pid, rfd, ends_at, what):
             size += len(chunk)
     finally:
         os.close(rfd)
-    end = time.monotonic() + PROBE_REAP_WAIT
+    end = reaped_by or time.monotonic() + PROBE_REAP_WAIT
     while True:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -1512,11 +1565,21 @@ def probe_smi(run, ends_at):
                  if d and os.access(os.path.join(d, "nvidia-smi"), os.X_OK)), None)
     if path is None:
         return "nvidia-smi not found in PATH or %s" % ", ".join(SMI_DIRS)
+    try:
+        problem = untrusted(path)
+    except OSError as exc:
+        problem = exc.strerror
+    if problem:                 # it would run as root
+        raise Fail(EX_CONFIG, "%s: others could have written it: %s" % (path, problem))
     env = dict(os.environ, LC_ALL="C")
 
     def smi(query):
         pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"], env=env)
-        out, status = collect(run, pid, rfd, ends_at, "nvidia-smi")
+        out, status = collect(run, pid, rfd, ends_at, "nvidia-smi", ends_at)
+        if status is None:      # its exit status says which GPUs failed
+            kill_probes(run)
+            raise Fail(EX_TEMPFAIL, "GPU probe hung: nvidia-smi did not exit within "
+                       "%.3gs of its output ending" % (ends_at - run.current.started))
         return out.decode("utf-8", "replace"), status
 
     text, status = smi("--query-gpu=" + ",".join(SMI_FIELDS))
@@ -1759,6 +1822,7 @@ class Run(object):
         self.reused = None          # --share-result: the state reused, if any
         self.problems = before.problems if before else []   # state, metrics, TLS
         self.before = before and before.reason     # --wait: the last attempt's reason
+        self.cut = False            # ended by this caller's own --deadline
         self.unchanged = False      # --log-changes-only: same verdict as last time
         if opts.insecure and before is None:
             self.problems.append("TLS certificates not verified (--insecure)")
@@ -1787,6 +1851,7 @@ class Run(object):
         now = time.monotonic()
         left = self.deadline_at - now
         if left <= 0:
+            self.cut = True
             raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
                        % (self.opts.deadline, STAGE_WHAT[name]), name)
         budget = min(timeout or self.opts.timeout, left)
@@ -1847,10 +1912,18 @@ class Run(object):
             self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
             self.wake.set()
 
+    def job_failed(self, code, why):
+        """After a ready verdict, the job did not start: that is the verdict,
+        and news however often the check was ready before."""
+        with self._lock:
+            self.code, self.stage, self.reason, self.notes = code, "command", why, []
+            self.unchanged = False
+
     def timeout_reason(self, stage):
         """Why a stage ran out of time, with the cold-model fix when it applies."""
         budget = stage.ends_at - stage.started
         if budget < self.opts.timeout - 1e-3:
+            self.cut = True
             text = "deadline of %gs reached during %s" % (
                 self.opts.deadline, STAGE_WHAT[stage.name])
             if self.before:
@@ -1886,8 +1959,8 @@ def check_gpu(run):
             gpu["selected"] = gpu in selected
         run.notes.extend(notes)
         if unmatched:               # a lost GPU without a UUID may be the one
-            lost = [g for g in gpus if g["error"] and not g["uuid"]
-                    and not all(is_digits(w) for w in unmatched)]
+            lost = [g for g in gpus if g["error"] and not g["uuid"] and (
+                g["index"] is None or not all(is_digits(w) for w in unmatched))]
             raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
                        "%s (found %s)%s" % (
                            ",".join(unmatched), "--gpu-id" if opts.gpu_id else
@@ -2155,6 +2228,7 @@ def supervise(run, work):
         elif stage is not None and run.current is stage:
             run.expire(stage)
         elif time.monotonic() >= run.deadline_at:
+            run.cut = True
             run.decide(EX_TEMPFAIL, None, "deadline of %gs reached between stages"
                        % run.opts.deadline)
     return run.code
@@ -2289,16 +2363,18 @@ def take_lock(path):
     """
     import fcntl
     try:
-        fd = open_no_follow(path)
-    except OSError as exc:
+        fd = open_no_follow(path, 0o600)    # flock needs only a read: others
+    except OSError as exc:                  # must not open it at all
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
         raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
-    owner = os.fstat(fd).st_uid
-    if owner not in (0, os.geteuid()):      # its owner could hold it forever
+    info = os.fstat(fd)
+    if info.st_uid not in (0, os.geteuid()):    # its owner could hold it forever
         os.close(fd)
         raise Fail(EX_CONFIG, "lock file %s is owned by %s, who could hold it and "
                    "skip every run: put the lock in a directory only root can write, "
-                   "such as /run" % (sanitise(path), user_name(owner)), "lock")
+                   "such as /run" % (sanitise(path), user_name(info.st_uid)), "lock")
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        os.fchmod(fd, 0o600)                # an older version's 0644 lock
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
     except OSError:
@@ -2307,13 +2383,15 @@ def take_lock(path):
     return fd
 
 
-def user_name(uid):
-    """'uid 65534 (nobody)', for messages about who owns a file."""
+def user_name(uid, bare=False):
+    """'uid 65534 (nobody)' for messages about who owns a file; bare:
+    'nobody', as chown takes it."""
     import pwd
     try:
-        return "uid %d (%s)" % (uid, pwd.getpwuid(uid).pw_name)
+        name = pwd.getpwuid(uid).pw_name
     except KeyError:
-        return "uid %d" % uid
+        return str(uid) if bare else "uid %d" % uid
+    return name if bare else "uid %d (%s)" % (uid, name)
 
 
 def state_dir(opts, environ):
@@ -2321,7 +2399,8 @@ def state_dir(opts, environ):
     user's own (so nobody else can plant a verdict); raises OSError."""
     if opts.state_dir:
         path = opts.state_dir
-    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/"):
+    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
+            _owner(environ["XDG_RUNTIME_DIR"]) == os.geteuid():  # not su's leftover
         path = os.path.join(environ["XDG_RUNTIME_DIR"], STATE_SUBDIR)
     elif os.geteuid() == 0:
         path = ROOT_STATE_DIR
@@ -2336,7 +2415,17 @@ def state_dir(opts, environ):
             or info.st_mode & 0o022:
         raise OSError(0, "%s is not a directory of this user's that only it can "
                       "write" % path)
+    problem = untrusted(path)       # nor may anyone swap a directory above it
+    if problem:
+        raise OSError(0, problem)
     return path
+
+
+def _owner(path):
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
+        return None
 
 
 def state_key(opts, environ):
@@ -2364,7 +2453,7 @@ def read_state(path):
     if not isinstance(doc, dict):
         return {}
     for key, kinds in (("time", (int, float)), ("code", int), ("skips", int),
-                       ("logged", int)):
+                       ("logged", int), ("logged_at", (int, float))):
         value = doc.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)
                                   or not -1e12 < value < 1e12):
@@ -2373,21 +2462,35 @@ def read_state(path):
 
 
 def write_atomic(path, data, mode):
-    """Replace path with data: a temporary file beside it, then rename."""
-    tmp = os.path.join(os.path.dirname(path) or ".", ".%s.%d.tmp"
-                       % (os.path.basename(path), os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)  # novermin
+    """Replace path with data: a temporary file beside it, then rename, both
+    through a descriptor of the directory. The directory itself is not a
+    symlink, and is this user's or root's and writable by no one else
+    (sticky /tmp aside): one that another user could swap or write would
+    take root's file wherever they like."""
+    directory, name = os.path.split(path)
+    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # novermin
     try:
+        info = os.fstat(dfd)
+        if info.st_uid not in (0, os.geteuid()) or (
+                info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+            raise OSError(0, "%s is %s's or others can write it" % (
+                directory or ".", user_name(info.st_uid)))
+        tmp = ".%s.%d.tmp" % (name, os.getpid())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,  # novermin
+                     dir_fd=dfd)
         try:
-            os.fchmod(fd, mode)     # not narrowed by the umask
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+            try:
+                os.fchmod(fd, mode)     # not narrowed by the umask
+                while data:
+                    data = data[os.write(fd, data):]
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
 
 
 class Shared(object):
@@ -2401,7 +2504,9 @@ class Shared(object):
 
     def __init__(self, opts, environ):
         self.opts = opts
-        self.base = os.path.join(state_dir(opts, environ), state_key(opts, environ))
+        directory = state_dir(opts, environ)
+        self.base = os.path.join(directory, state_key(opts, environ))
+        self.errors = os.path.join(directory, "errors.json")    # of any check
         self.previous = read_state(self.base + ".json")
         self.flight = None          # descriptor holding the flight lock
 
@@ -2414,8 +2519,8 @@ class Shared(object):
         age = time.time() - state["time"]
         if state["code"] == EX_OK and 0 <= age < self.opts.share_result:
             return state
-        if since is not None and state["time"] >= since:
-            return state
+        if since is not None and state["time"] >= since and not state.get("cut"):
+            return state            # (a check its own --deadline cut proves nothing)
         return None
 
     def fly(self, run):
@@ -2453,9 +2558,9 @@ class Shared(object):
         before = self.previous
         if run.stage in NOT_A_CHECK:
             return before.get("aside") == [run.code, run.stage]
-        aside = before.get("aside")
-        after_error = isinstance(aside, list) and aside[1:] in (["config"], ["command"])
-        return before.get("logged") == run.code and not after_error
+        error = read_state(self.errors)     # kept apart: a bad file changes the key
+        return (before.get("logged") == run.code
+                and error.get("time", 0) <= before.get("logged_at", 0))
 
     def save(self, run):
         """Record this run (a check's verdict, the skip count, what was
@@ -2464,16 +2569,19 @@ class Shared(object):
         checked = run.reused is None and run.stage not in NOT_A_CHECK \
             and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
         if checked:
-            state.update(time=time.time(), code=run.code, stage=run.stage,
-                         reason=redact(run.reason), model=run.model, pid=os.getpid(),
+            state.update(time=time.time(), code=run.code, stage=run.stage, cut=run.cut,
+                         reason=redact(run.reason), model=redact(run.model or ""),
+                         pid=os.getpid(),
                          skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
         aside = run.stage in NOT_A_CHECK
         if aside and not run.unchanged:
             state["aside"] = [run.code, run.stage]
+            if run.stage in ("config", "command"):
+                write_atomic(self.errors, json.dumps({"time": time.time()}).encode(), 0o600)
         elif not aside:
             state.pop("aside", None)
             if not run.unchanged:
-                state["logged"] = run.code
+                state.update(logged=run.code, logged_at=time.time())
         try:
             if state != self.previous:
                 write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
@@ -2741,7 +2849,9 @@ def report(run):
     opts = run.opts
     elapsed_ms = (time.monotonic() - run.started) * 1000.0
 
-    hide = redact       # again on the whole output: nothing echoed gets out
+    def hide(text):     # again on the whole output: nothing echoed gets out
+        return redact(text, server_text=False)
+
     line = hide(log_line(run, elapsed_ms))
     problem = None
     if not opts.no_syslog and not run.unchanged:
@@ -2759,7 +2869,7 @@ def report(run):
     if opts.quiet:
         return
     if opts.verbose:
-        emit("stderr", "%s: %s\n" % (PROG, line))
+        emit("stderr", "".join("%s: %s\n" % (PROG, text) for text in [line] + opts.said))
         if problem:
             emit("stderr", "%s: warning: %s; %s\n" % (PROG, sanitise(problem), NO_SYSLOG))
     elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
@@ -2868,7 +2978,7 @@ def main(argv=None, started=None):
             code, why = exec_job(path, command, lock_fd, previous)
         else:
             return run.code
-        run.code, run.stage, run.reason, run.notes = code, "command", why, []
+        run.job_failed(code, why)
         report(run)                 # a second line: the job did not start
         return code
     except Interrupted as exc:      # while parsing, before a run existed

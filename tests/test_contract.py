@@ -656,7 +656,9 @@ class TerminalTest(ContractCase):
         self.assertEqual(res.code, 0)
         self.assertEqual(res.stdout, "")
         self.assertRegex(res.stderr, r"^gpu_preflight: result=ready code=0 ")
-        self.assertEqual(len(res.stderr.splitlines()), 1)
+        # then which config file was read (issue 13.3)
+        self.assertEqual(res.stderr.splitlines()[1:], [
+            "gpu_preflight: no config file (/etc/gpu_preflight.conf does not exist)"])
 
 
 class InternalErrorTest(unittest.TestCase):

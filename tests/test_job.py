@@ -179,7 +179,7 @@ class LockTest(JobCase):
         self.assertTrue(any('reason="locked by another job (%s)"' % lock in m
                             for m in messages), messages)
         mode = stat.S_IMODE(os.stat(lock).st_mode)
-        self.assertEqual(mode, 0o644)
+        self.assertEqual(mode, 0o600)       # no one else may open, so hold, it
 
     def test_the_job_holds_the_lock_until_it_ends(self):
         emu = self.emulator()
@@ -210,9 +210,10 @@ class LockTest(JobCase):
         emu = self.emulator()
         lock = self.path("gpu.lock")
         proc = self.start(["--host", emu.url, "--no-syslog", "--lock", lock, "--",
-                           "/bin/true"], umask=0o077)
+                           "/bin/true"], umask=0o000)
         self.assertEqual(self.finish(proc)[0], 0)
-        self.assertEqual(stat.S_IMODE(os.lstat(lock).st_mode), 0o644)
+        # 0600: flock needs only a read, so a lock others can open they can hold
+        self.assertEqual(stat.S_IMODE(os.lstat(lock).st_mode), 0o600)
 
     def test_lock_conflicts_are_logged_once_with_log_changes_only(self):
         emu = self.emulator()

@@ -256,6 +256,76 @@ class OutputTest(ContractCase):
         self.assertEqual((res.code, res.stderr), (0, ""), "a ready run stays silent")
 
 
+class NewcomerTest(ContractCase):
+    """Issue 13 items 3, 5 and 6: messages that say what to do."""
+
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.dir = tempfile.mkdtemp(prefix="gpfl-robust-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def test_a_non_root_user_reads_the_config_install_sh_writes_for_them(self):
+        if os.geteuid() != 0:
+            self.skipTest("runs the script as another user")
+        os.chmod(self.dir, 0o755)
+        home = os.path.join(self.dir, "home")
+        os.makedirs(os.path.join(home, ".config"))
+        emu = self.emulator()
+        conf = os.path.join(home, ".config", "gpu_preflight.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\nhost = %s\nmodel = absent\n" % emu.url)
+        for path in (home, os.path.join(home, ".config"), conf):
+            os.chown(path, 65534, 65534)
+        script = os.path.join(self.dir, "gpu_preflight.py")
+        shutil.copy(support.SCRIPT, script)
+
+        def run(env):
+            proc = subprocess.Popen(["/usr/bin/python3", script, "-v", "--no-syslog"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, cwd="/", preexec_fn=lambda: (
+                                        os.setgid(65534), os.setuid(65534)))
+            out, err = proc.communicate(timeout=30)
+            return proc.returncode, err.decode()
+        code, err = run(support.cron_env(HOME=home))
+        self.assertEqual(code, 78, err)     # its model is absent: the file was read
+        self.assertIn("gpu_preflight: config file %s" % conf, err)
+        os.rename(os.path.join(home, ".config"), os.path.join(home, "xdg"))
+        code, err = run(support.cron_env(HOME=home,
+                                         XDG_CONFIG_HOME=os.path.join(home, "xdg")))
+        self.assertEqual(code, 78, err)
+        code, err = run(support.cron_env(HOME=home))
+        self.assertIn("no config file (/etc/gpu_preflight.conf does not exist)", err)
+
+    def test_host_values_say_what_happens(self):
+        res = support.run_script(["--host", "localhost:99999"])
+        self.assertEqual(res.code, 64, res)
+        self.assertIn("localhost:99999: invalid port '99999' (1 to 65535)", res.stderr)
+        self.assertNotIn("using", res.stderr)
+        res = support.run_script(["--host", "http://"])
+        self.assertEqual(res.code, 64, res)
+        self.assertIn("'http://' names no host", res.stderr)
+        res = support.run_script(["-v", "--no-syslog", "--deadline", "1"],
+                                 env=support.cron_env(OLLAMA_HOST="127.0.0.1:99999"))
+        self.assertIn("OLLAMA_HOST=127.0.0.1:99999: invalid port '99999', using 11434 as "
+                      "Ollama does", res.stderr)
+
+    def test_a_config_file_without_a_section_says_to_add_one(self):
+        conf = os.path.join(self.dir, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("# mine\ntimeout = 3\n")
+        self.assertSkip(self.run_gp(["--config", conf]), 78, "config",
+                        "its first setting comes before any section: put [gpu_preflight] "
+                        "on a line above it")
+
+    def test_a_dangling_default_config_link_is_an_error_not_no_config(self):
+        gp = support.load_script()
+        link = os.path.join(self.dir, "gp.conf")
+        os.symlink(os.path.join(self.dir, "gone"), link)
+        with self.assertRaisesRegex(gp.ConfigError, "cannot read config file %s: No such"
+                                    % link):
+            gp.read_config_file(link, must_exist=False)     # as /etc/gpu_preflight.conf
+
+
 class WaitTest(ContractCase):
     """Item 3, and issue 13.2."""
 

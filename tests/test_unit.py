@@ -417,7 +417,7 @@ class ConfigPrecedenceTest(unittest.TestCase):
         self.assertEqual(values["keep-alive"], "10m")
         opts = self.resolve([], {}, values)
         self.assertEqual(opts.ollama_option, {"num_ctx": 4096, "num_gpu": 1})
-        self.assertEqual(gp.read_config_file(os.path.join(tmp, "none"), False), {})
+        self.assertIsNone(gp.read_config_file(os.path.join(tmp, "none"), False))
         for text, message in (("[other]\nx=1\n", "no \\[gpu_preflight\\]"),
                               ("[gpu_preflight]\ntimeuot = 3\n", "unknown key"),
                               ("garbage without section\n", "bad config file")):
