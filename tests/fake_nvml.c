@@ -25,6 +25,10 @@
  *                    the last one)
  *   FAKE_NVML_LOG    append one line per call (the symbol name; for
  *                    nvmlDeviceGetMemoryInfo_v2 also " version=0x%08x")
+ * A program that clears the environment (slurmd runs HealthCheckProgram with
+ * SLURMD_NODENAME alone) cannot pass FAKE_NVML_MODE: build with
+ * -DFAKE_NVML_DEFAULT_MODE='"nodriver"' for a library whose mode, when the
+ * variable is unset or empty, is that one instead of free.
  *
  * Figures: every GPU is an "NVIDIA H200", 143771 MiB total, 542 MiB
  * reserved; UUID of GPU i is GPU-<8 x hex digit 10+i>-5e1f-4c2d-9a7b-
@@ -175,6 +179,10 @@ enum mode {
 
 /* ---- scenario ------------------------------------------------------- */
 
+#ifndef FAKE_NVML_DEFAULT_MODE
+#define FAKE_NVML_DEFAULT_MODE "free"
+#endif
+
 static enum mode get_mode(void)
 {
     static const struct { const char *name; enum mode mode; } table[] = {
@@ -189,7 +197,7 @@ static enum mode get_mode(void)
     size_t i;
 
     if (value == NULL || *value == '\0')
-        return M_FREE;
+        value = FAKE_NVML_DEFAULT_MODE;
     for (i = 0; i < sizeof table / sizeof table[0]; i++)
         if (strcmp(value, table[i].name) == 0)
             return table[i].mode;

@@ -10,6 +10,7 @@ reserved, UUID GPU-<8 x hex digit 10+i>-5e1f-4c2d-9a7b-0123456789ab.
 """
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -54,20 +55,26 @@ def find_compiler():
     return found
 
 
-def build_fake_nvml(dest_dir, variant="full"):
+def build_fake_nvml(dest_dir, variant="full", default_mode=None):
     """Compile the fake NVML into dest_dir/libnvidia-ml.so.1; return its path.
 
     variant "full" exports every symbol; "old" is a pre-R510 driver without
     nvmlDeviceGetMemoryInfo_v2 and nvmlDeviceGetComputeRunningProcesses_v3/_v2.
+    default_mode: the FAKE_NVML_MODE the library acts in when that variable
+    is unset (for callers that clear the environment, like slurmd), else free.
     """
     if variant not in ("full", "old"):
         raise ValueError("variant must be 'full' or 'old', not %r" % (variant,))
+    if default_mode is not None and not re.match(r"^[a-z_]+$", default_mode):
+        raise ValueError("default_mode must be a mode name, not %r" % (default_mode,))
     compiler = find_compiler()
     os.makedirs(dest_dir, exist_ok=True)
     path = os.path.join(dest_dir, "libnvidia-ml.so.1")
     cmd = [compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Werror"]
     if variant == "old":
         cmd.append("-DFAKE_OLD_DRIVER")
+    if default_mode is not None:
+        cmd.append('-DFAKE_NVML_DEFAULT_MODE="%s"' % default_mode)
     cmd += ["-o", path, FAKE_NVML_C]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
