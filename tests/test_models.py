@@ -228,8 +228,8 @@ class SeveralOllamaModelsTest(ModelsCase):
                 generate = [r.status for r in emu.posts("/api/generate")
                             if canon(r.model) == "nomic-embed-text:latest"]
                 self.assertEqual(generate, [400])
-                self.assertEqual(refuse(emu, "nomic-embed-text:latest"), refusal)
                 self.assertOneLatePs(emu)
+                self.assertEqual(refuse(emu, "nomic-embed-text:latest"), refusal)
 
     def test_keep_alive_and_options_go_with_the_embedding_warmup(self):
         """--keep-alive and --ollama-option reach /api/embed as they reach generate."""
