@@ -1,31 +1,78 @@
 #!/usr/bin/env python3
 """Loopback emulator of the Ollama HTTP server, for gpu_preflight's tests and benchmark.
 
-It answers like Ollama 0.32.x on the endpoints a preflight touches (see the
-project's Ollama API reference): GET/HEAD /, GET/HEAD /api/version, GET/HEAD
-/api/tags, GET /api/ps and POST /api/generate (validation order, exact error
-bodies, load-only and unload replies, NDJSON streaming by default, cold loads
-that send no byte until loaded and abort when the client hangs up).  Other
-paths get gin's "404 page not found", wrong methods "405 method not allowed".
+It answers like Ollama on the endpoints a preflight touches (see the project's
+references ollama-api.md and multi-model.md): GET/HEAD /, GET/HEAD
+/api/version, GET/HEAD /api/tags, GET /api/ps, POST /api/show, POST
+/api/generate, POST /api/chat, POST /api/embed and the legacy POST
+/api/embeddings (validation order, exact error bodies, load-only and unload
+replies, NDJSON streaming by default, cold loads that send no byte until
+loaded and abort when the client hangs up).  Other paths get gin's "404 page
+not found", wrong methods "405 method not allowed".
+
+Several models, each generative or embedding, with capabilities, a size, a
+load time and optionally a forced GPU share (Model, or a spec string
+"NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]]", e.g.
+"nomic-embed-text:latest=embed" or "qwen3:latest=generate:completion,tools").
+What the server says depends on `version` (default 0.32.15), as the real one:
+  capabilities   /api/tags from 0.30.0 (with details.context_length and
+                 embedding_length), /api/show from 0.6.4, none before
+  /api/embed     from 0.2.6 (404 before); metrics from 0.3.1; empty input:
+                 200 {"embeddings":[]} without a load before 0.3.6, loads the
+                 model first from 0.3.6; on a generative model: vectors (old
+                 llama runner), 500 "this model does not support embeddings"
+                 (Go engine archs, 0.6.1 to 0.29), 501 "This server does not
+                 support embeddings. Start it with `--embeddings`" after the
+                 load (0.30.0 on)
+  generate/chat on an embedding model: 400, text by version ("embedding models
+                 do not support generate" < 0.2.0, `M does not support
+                 generate` 0.2.0-0.2.1, `"M" does not support generate` after)
+  missing model  400 "model is required" up to 0.3.14, 404 after
+  scheduler      OLLAMA_MAX_LOADED_MODELS (max_loaded; default 1 before 0.2.0,
+                 3 after) and a VRAM budget (vram_mib): loading a model that
+                 does not fit beside the loaded ones evicts one first (the
+                 idle one with the shortest keep-alive, then by name), as
+                 server/sched.go does: from 0.30.0 it must fit in 80 % of the
+                 free VRAM, before in all of it; alone, it loads partially
+                 offloaded.  /api/ps then lists only what is resident, with
+                 size and size_vram.  One load at a time; from 0.32.4 GET
+                 /api/ps blocks while a load is under way
+  /api/ps        404 before 0.1.38; context_length from 0.10.0
+  wrong method   405 from 0.6.9, 404 before
 
 Modes (fault_on / --fault-on restricts a fault to one path, default "all"):
   healthy       faithful Ollama (the default)
   cold          healthy, but nothing loaded at start (like --cold / loaded=())
-  cpu, partial  /api/ps reports size_vram 0 / 45 % of size
+  cpu, partial  /api/ps reports size_vram 0 / 45 % of size for every model
   hang          read the request, never answer
   trickle       a valid reply, one byte every trickle_interval (2 s) seconds
   close_mid_body  full Content-Length, ~10 body bytes, then close
   garbage, truncated, huge  200 application/json: not JSON / cut JSON / 100 MB
   busy, oom, cuda_error, runner_died, load_timeout, pull_first
-                the matching /api/generate error (after request validation)
+                the matching error of a warm-up request (generate, chat, embed,
+                embeddings), after request validation
   error_in_200  /api/generate errors inside a 200 reply (pre-0.12.6 Ollama)
   no_done       /api/generate answers one chunk with done:false, nothing more
+  empty_embedding  /api/embed answers {"embeddings":[]}, /api/embeddings
+                {"embedding":[]} after the load (what an empty input gets)
+  empty_vector  /api/embed answers {"embeddings":[[]]}
   hostguard     403 with an empty body;  not_ollama: 404 page not found
   old_server    <= 0.3.14: missing model -> 400 "model is required", no /api/ps
   slow_start    answer nothing for load_seconds after start (startup window)
 
+Every request is recorded in .requests as a Request: a tuple (method, path,
+parsed JSON body or None, headers) with .started, .ended (when its reply
+began) and .status.  A GET /api/ps that arrives while a warm-up request is in
+flight is also appended to .ps_during_warmup; evictions to .evictions as
+(victim, model loaded, "max_loaded" or "vram").
+
 Run it:   python3 tests/ollama_emu.py --port 11434 --mode cold --load-seconds 3
-Import:   from ollama_emu import Emulator;  emu = Emulator(mode="busy").start()
+          python3 tests/ollama_emu.py --version 0.12.3 --vram-mib 8192 \\
+              --model qwen3:latest=generate:completion,tools:5000 \\
+              --model nomic-embed-text:latest=embed
+Import:   from ollama_emu import Emulator, Model
+          emu = Emulator(models=("qwen3:latest", Model("bge-m3:latest", "embed")),
+                         version="0.5.7", max_loaded=1).start()
 Standard library only, CPython 3.6+.
 """
 
@@ -33,6 +80,8 @@ import datetime
 import email.utils
 import hashlib
 import json
+import math
+import random
 import re
 import sys
 import time
@@ -52,14 +101,16 @@ MODES = (
     ("garbage", "200 application/json with a non-JSON body"),
     ("truncated", "200 application/json with a complete but cut JSON text"),
     ("huge", "200 application/json with a 100 MB body"),
-    ("busy", "generate -> 503 server busy"),
-    ("oom", "generate -> 500 unable to allocate CUDA0 buffer"),
-    ("cuda_error", "generate -> 500 CUDA error: an illegal memory access"),
-    ("runner_died", "generate -> 500 model runner has unexpectedly stopped"),
-    ("load_timeout", "generate -> 500 timed out waiting for llama runner to start"),
-    ("pull_first", "generate -> 404 model \"NAME\" not found, try pulling it first"),
+    ("busy", "warm-up -> 503 server busy"),
+    ("oom", "warm-up -> 500 unable to allocate CUDA0 buffer"),
+    ("cuda_error", "warm-up -> 500 CUDA error: an illegal memory access"),
+    ("runner_died", "warm-up -> 500 model runner has unexpectedly stopped"),
+    ("load_timeout", "warm-up -> 500 timed out waiting for llama runner to start"),
+    ("pull_first", "warm-up -> 404 model \"NAME\" not found, try pulling it first"),
     ("error_in_200", "generate -> 200 carrying {\"error\":...} (pre-0.12.6)"),
     ("no_done", "generate -> 200 one chunk with done:false and nothing more"),
+    ("empty_embedding", "embed -> 200 {\"embeddings\":[]}; embeddings -> {\"embedding\":[]}"),
+    ("empty_vector", "embed -> 200 {\"embeddings\":[[]]}"),
     ("hostguard", "every request -> 403 with an empty body"),
     ("not_ollama", "every path -> 404 page not found"),
     ("old_server", "missing model -> 400 model is required; /api/ps -> 404"),
@@ -73,7 +124,11 @@ TEXT_UTF8 = "text/plain; charset=utf-8"
 TEXT = "text/plain"
 
 _ROUTES = {"/": ("GET", "HEAD"), "/api/version": ("GET", "HEAD"),
-           "/api/tags": ("GET", "HEAD"), "/api/ps": ("GET",), "/api/generate": ("POST",)}
+           "/api/tags": ("GET", "HEAD"), "/api/ps": ("GET",), "/api/generate": ("POST",),
+           "/api/chat": ("POST",), "/api/show": ("POST",), "/api/embed": ("POST",),
+           "/api/embeddings": ("POST",)}
+#: Requests that schedule (load) a model: /api/ps must not be read during one.
+WARMUP_PATHS = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")
 
 _GENERATE_ERRORS = {
     "busy": (503, "server busy, please try again.  maximum pending requests exceeded"),
@@ -86,14 +141,35 @@ _GENERATE_ERRORS = {
     "load_timeout": (500, "timed out waiting for llama runner to start - progress 0.00 - "),
 }
 _ERROR_IN_200 = "an error was encountered while running the model: CUDA error: out of memory"
+#: /api/embed on a generative model: llama-server's 501 (0.30.0 on), the Go engine's 500.
+NO_EMBEDDINGS_501 = "This server does not support embeddings. Start it with `--embeddings`"
+NO_EMBEDDINGS_GO = "this model does not support embeddings"
 _FOREVER = -1.0                      # keep_alive < 0: Go uses MaxInt64 ns (~292 years)
 _MAX_NS_SECONDS = (2 ** 63 - 1) // 10 ** 9
+_DEFAULT_KEEP = 300.0                # OLLAMA_KEEP_ALIVE default 5m
 
-# GenerateRequest fields whose JSON type the Go decoder enforces (Go type names).
+#: Capability names (types/model/capability.go) and the release that added the later ones.
+CAPABILITIES = ("completion", "tools", "insert", "vision", "embedding", "thinking",
+                "image", "audio")
+_CAP_SINCE = {"thinking": (0, 9, 0), "image": (0, 14, 0), "audio": (0, 20, 0)}
+#: Architectures that run on the Go engine (ollamarunner) from 0.6.1 to 0.29.x.
+_GO_ENGINE_ARCHS = ("gemma3", "gemma3n", "qwen3", "qwen3moe", "qwen25vl", "llama4",
+                    "mistral3", "gptoss", "mllama")
+EMBED_SIZE = 274302450               # nomic-embed-text:latest, bytes
+KINDS = ("generate", "embed")
+
+# Request fields whose JSON type the Go decoder enforces (Go type names), per struct.
 _FIELD_TYPES = {"model": "string", "prompt": "string", "suffix": "string",
                 "system": "string", "template": "string", "stream": "bool",
                 "raw": "bool", "options": "map[string]interface {}"}
-_GO_KIND = {"string": str, "bool": bool, "map[string]interface {}": dict}
+_CHAT_FIELDS = {"model": "string", "stream": "bool", "options": "map[string]interface {}",
+                "messages": "[]api.Message"}
+_EMBED_FIELDS = {"model": "string", "truncate": "bool", "options": "map[string]interface {}",
+                 "dimensions": "int"}
+_LEGACY_FIELDS = {"model": "string", "prompt": "string", "options": "map[string]interface {}"}
+_SHOW_FIELDS = {"model": "string", "name": "string", "verbose": "bool"}
+_GO_KIND = {"string": str, "bool": bool, "map[string]interface {}": dict, "int": int,
+            "[]api.Message": list}
 # api.Options fields by type, as checked by Options.FromMap.
 _OPT_INT = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx",
             "num_batch", "num_gpu", "main_gpu", "num_thread")
@@ -255,20 +331,21 @@ def _keep_alive(value):
     return _FOREVER if seconds < 0 else seconds
 
 
-def _request_error(req):
-    """Go decoder error for a GenerateRequest object, or None."""
+def _request_error(req, fields=None, struct="GenerateRequest"):
+    """Go decoder error for a request object of api.STRUCT, or None."""
+    fields = _FIELD_TYPES if fields is None else fields
     if req.get("keep_alive") is not None:
         try:
             _keep_alive(req["keep_alive"])
         except ValueError as exc:
             return str(exc)
     for key, value in req.items():
-        want = _FIELD_TYPES.get(key)
+        want = fields.get(key)
         if want is None or value is None:
             continue
         if type(value) is not _GO_KIND[want]:
-            return ("json: cannot unmarshal %s into Go struct field GenerateRequest.%s of type %s"
-                    % (_json_kind(value), key, want))
+            return ("json: cannot unmarshal %s into Go struct field %s.%s of type %s"
+                    % (_json_kind(value), struct, key, want))
     return None
 
 
@@ -364,42 +441,192 @@ _FIXED_REPLIES = {
 }
 
 
+# ---------------------------------------------------------------- models
+
+def _version_tuple(text):
+    """(major, minor, patch) of a version string; a source build ("0.0.0") is the newest."""
+    nums = [int(n) for n in re.findall(r"\d+", str(text or ""))[:3]]
+    found = tuple(nums) + (0,) * (3 - len(nums))
+    return (999, 0, 0) if found == (0, 0, 0) else found
+
+
+def _arch(name, kind):
+    """general.architecture of a model, guessed from its name as the GGUFs have it."""
+    base = name.rsplit("/", 1)[-1].split(":")[0].lower()
+    if kind == "embed":
+        return "nomic-bert" if base.startswith("nomic") else "bert"
+    for prefix, arch in (("llama4", "llama4"), ("llama", "llama"), ("qwen3", "qwen3"),
+                         ("qwen2.5vl", "qwen25vl"), ("qwen2", "qwen2"), ("gemma3n", "gemma3n"),
+                         ("gemma3", "gemma3"), ("gemma2", "gemma2"), ("gemma", "gemma"),
+                         ("mistral-small3", "mistral3"), ("mistral", "llama"),
+                         ("gpt-oss", "gptoss"), ("phi3", "phi3"), ("deepseek-r1", "qwen2")):
+        if base.startswith(prefix):
+            return arch
+    letters = re.match(r"[a-z]+", base)
+    return letters.group(0) if letters else "llama"
+
+
+class Model(object):
+    """A model the emulated server has pulled.
+
+    kind          "generate" or "embed" (a GGUF with <arch>.pooling_type)
+    capabilities  what /api/show and /api/tags report (default ["completion"]
+                  or ["embedding"]); the server checks requests against them
+    size          bytes (default: the emulator's size, or 274302450 for embed)
+    load_seconds  cold-load time (default: the emulator's load_seconds)
+    gpu_pct       force size_vram to this share of size once loaded (0: the CPU
+                  fallback, 45: partial offload); default: as the scheduler
+                  places it in the VRAM budget
+    dims          embedding width (768 embed, 3072 generate)
+    arch          general.architecture (default from the name)
+    """
+
+    def __init__(self, name, kind="generate", capabilities=None, size=None,
+                 load_seconds=None, gpu_pct=None, dims=None, arch=None):
+        if kind not in KINDS:
+            raise ValueError("unknown kind %r (one of %s)" % (kind, ", ".join(KINDS)))
+        if capabilities is None:
+            capabilities = ["embedding"] if kind == "embed" else ["completion"]
+        unknown = [c for c in capabilities if c not in CAPABILITIES]
+        if unknown:
+            raise ValueError("unknown capabilities %s (known: %s)"
+                             % (", ".join(unknown), ", ".join(CAPABILITIES)))
+        self.name, self.kind, self.capabilities = name, kind, list(capabilities)
+        self.size, self.load_seconds, self.gpu_pct = size, load_seconds, gpu_pct
+        self.dims = dims or (768 if kind == "embed" else 3072)
+        self.arch = arch or _arch(name, kind)
+
+    @classmethod
+    def parse(cls, spec):
+        """A Model from "NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]]" (empty fields: default)."""
+        name, _, rest = str(spec).partition("=")
+        if not name:
+            raise ValueError("model spec %r has no name" % spec)
+        fields = rest.split(":") if rest else []
+        if len(fields) > 5:
+            raise ValueError("model spec %r has too many fields" % spec)
+        fields += [""] * (5 - len(fields))
+        kind, caps, size_mib, load_s, gpu_pct = fields
+        return cls(name, kind or "generate",
+                   [c for c in caps.split(",") if c] if caps else None,
+                   int(float(size_mib) * 1024 * 1024) if size_mib else None,
+                   float(load_s) if load_s else None,
+                   float(gpu_pct) if gpu_pct else None)
+
+    def __repr__(self):
+        return "Model(%r, %r, %r)" % (self.name, self.kind, self.capabilities)
+
+
+class Request(tuple):
+    """A request as the emulator saw it: (method, path, parsed JSON body or None,
+    headers), plus .started (arrival), .ended (its reply began; None while in
+    flight) and .status."""
+
+    def __new__(cls, method, path, body, headers, started):
+        self = tuple.__new__(cls, (method, path, body, headers))
+        self.started, self.ended, self.status = started, None, None
+        return self
+
+    method = property(lambda self: self[0])
+    path = property(lambda self: self[1])
+    body = property(lambda self: self[2])
+    headers = property(lambda self: self[3])
+
+    @property
+    def model(self):
+        return self[2].get("model") if isinstance(self[2], dict) else None
+
+
+def _vector(seed, dims, normalize=True):
+    """A deterministic pseudo-random vector, L2-normalized as /api/embed returns them."""
+    rnd = random.Random(hashlib.sha256(seed.encode("utf-8")).hexdigest())
+    values = [rnd.uniform(-1.0, 1.0) for _ in range(dims)]
+    if normalize:
+        norm = math.sqrt(sum(v * v for v in values)) or 1.0
+        values = [v / norm for v in values]
+    else:
+        values = [v * 3.0 for v in values]
+    return [float("%.7g" % v) for v in values]
+
+
 # ---------------------------------------------------------------- the emulator
 
 class Emulator(HTTPEmulator):
-    """An Ollama look-alike on a loopback port. See the module docstring for the modes."""
+    """An Ollama look-alike on a loopback port. See the module docstring.
+
+    models      names or Model objects or spec strings (see Model.parse)
+    loaded      names loaded at start (default: the first model)
+    version     the release it answers as (what differs: module docstring)
+    vram_mib    the VRAM budget of the scheduler (None: unlimited)
+    max_loaded  OLLAMA_MAX_LOADED_MODELS (None or 0: 1 before 0.2.0, else 3)
+    """
 
     def __init__(self, mode="healthy", models=("llama3.2:latest",), loaded=None,
                  load_seconds=5.0, fault_on="all", host="127.0.0.1", port=0,
-                 size=2019393189, version="0.32.15"):
+                 size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None):
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
         HTTPEmulator.__init__(self, mode, fault_on, host, port, load_seconds)
-        self.models, self.size, self.version = tuple(models), size, version
+        specs = [m if isinstance(m, Model) else Model.parse(m) for m in models]
+        self.specs = dict((m.name, m) for m in specs)
+        self.models, self.size, self.version = tuple(m.name for m in specs), size, version
+        self.v = _version_tuple(version)
+        if self.v < (0, 1, 26) and any(m.kind == "embed" for m in specs):
+            raise ValueError("Ollama %s has no embedding models (0.1.26 on)" % version)
+        self.vram = None if vram_mib is None else int(float(vram_mib) * 1024 * 1024)
+        self.max_loaded = max_loaded or (1 if self.v < (0, 2, 0) else 3)
+        self.loaded = set()
+        self._vram = {}                # loaded model -> size_vram bytes
+        self._refs = {}                # model -> requests using its runner now
+        self._keep = {}                # model -> keep_alive seconds (session duration)
+        self._loading = {}             # model -> {"deadline", "waiters", "vram"}
+        self._in_flight = {}           # id(Request) -> Request not answered yet
+        self.ps_during_warmup = []     # (GET /api/ps Request, ((path, model), ...) in flight)
+        self.evictions = []            # (victim, model being loaded, "max_loaded" | "vram")
         if mode == "cold":
             loaded = ()
-        self.loaded = set(self._resolve(n) or n for n in
-                          (self.models[:1] if loaded is None else loaded))
+        for name in (self.models[:1] if loaded is None else loaded):
+            name = self._resolve(name) or name
+            self._vram[name] = self._placement(self._spec(name))
+            self.loaded.add(name)
         self._modified = _rfc3339(_local_now())
-        self._keep = {}                # model -> keep_alive seconds
-        self._loading = {}             # model -> {"deadline": t, "waiters": n}
 
     def count(self, method, path):
         with self._lock:
             return sum(1 for r in self.requests if r[0] == method and r[1] == path)
 
+    def posts(self, *paths):
+        """The POST requests to these paths (all warm-up paths when none given), in order."""
+        paths = paths or WARMUP_PATHS
+        with self._lock:
+            return [r for r in self.requests if r[0] == "POST" and r[1] in paths]
+
     # -- per-request entry point (HTTPEmulator._serve calls these)
 
     def _record(self, h, method, path, target, body):
-        """Log (method, path, parsed JSON body or None, headers); the time it came is t0."""
+        """Log the request as a Request; it is the context of _serve_mode."""
         t0 = time.time()
         try:
             parsed = json.loads(body.decode("utf-8", "replace")) if body else None
         except ValueError:
             parsed = None
+        rec = Request(method, path, parsed, _Headers(h.headers.items()), t0)
         with self._lock:
-            self.requests.append((method, path, parsed, _Headers(h.headers.items())))
-        return t0
+            self.requests.append(rec)
+            self._in_flight[id(rec)] = rec
+            if path == "/api/ps":
+                busy = tuple((r[1], r.model) for r in self._in_flight.values()
+                             if r[1] in WARMUP_PATHS)
+                if busy:
+                    self.ps_during_warmup.append((rec, busy))
+        return rec
+
+    def _replied(self, rec, status):
+        """The reply to rec begins (or it ends unanswered): no longer in flight."""
+        with self._lock:
+            if rec.ended is None:
+                rec.ended, rec.status = time.time(), status
+            self._in_flight.pop(id(rec), None)
 
     def _pieces(self, reply, head_only, http10):
         return _pieces(reply, head_only, http10)
@@ -410,7 +637,13 @@ class Emulator(HTTPEmulator):
     def _huge_head(self, length):
         return _head(200, JSON_CT, length)
 
-    def _serve_mode(self, h, method, path, body, mode, t0):
+    def _serve_mode(self, h, method, path, body, mode, rec):
+        try:
+            self._answer(h, method, path, body, mode, rec)
+        finally:
+            self._replied(rec, None)
+
+    def _answer(self, h, method, path, body, mode, rec):
         if mode == "slow_start":
             wait = self._started_at + self.load_seconds - time.time()
             if wait > 0 and self._stop.wait(wait):
@@ -419,12 +652,15 @@ class Emulator(HTTPEmulator):
         if mode == "hang":
             return self._hang(h)
         if mode in _FIXED_REPLIES:
+            self._replied(rec, _FIXED_REPLIES[mode].status)
             return h.send(_FIXED_REPLIES[mode])
         if mode == "huge":
+            self._replied(rec, 200)
             return self._send_huge(h)
-        reply = self._route(h, method, path, body, mode, t0)
+        reply = self._route(h, method, path, body, mode, rec.started)
         if reply is None:
             return                        # cold load aborted: the client left
+        self._replied(rec, reply.status)
         if mode == "trickle":
             self._trickle(h, reply)
         elif mode == "close_mid_body":
@@ -436,11 +672,13 @@ class Emulator(HTTPEmulator):
     # -- endpoints
 
     def _route(self, h, method, path, body, mode, t0):
+        old = mode == "old_server"
         methods = _ROUTES.get(path)
-        if methods is None or (mode == "old_server" and path == "/api/ps"):
+        if (methods is None or (path == "/api/ps" and (old or self.v < (0, 1, 38)))
+                or (path == "/api/embed" and self.v < (0, 2, 6))):
             return _text(404, "404 page not found")
         if method not in methods:        # gin: 405 since v0.6.9, 404 before
-            if mode == "old_server":
+            if old or self.v < (0, 6, 9):
                 return _text(404, "404 page not found")
             return _text(405, "405 method not allowed")
         if path == "/":
@@ -450,8 +688,23 @@ class Emulator(HTTPEmulator):
         if path == "/api/tags":
             return _json_reply(200, {"models": [self._tag_entry(m) for m in self.models]})
         if path == "/api/ps":
+            if self.v >= (0, 32, 4) and not self._wait_for_loads(h):
+                return None
             return _json_reply(200, {"models": self._ps_entries(mode)})
-        return self._generate(h, body, mode, t0)
+        if path == "/api/show":
+            return self._show(body)
+        handler = {"/api/generate": self._generate, "/api/chat": self._chat,
+                   "/api/embed": self._embed, "/api/embeddings": self._embeddings}[path]
+        return handler(h, body, mode, t0)
+
+    def _wait_for_loads(self, h):
+        """/api/ps from 0.32.4 takes each runner's lock, held for a whole load."""
+        while True:
+            with self._lock:
+                if not self._loading:
+                    return True
+            if self._stop.is_set() or h.client_gone(0.02):
+                return False
 
     def _resolve(self, name):
         """The listed model a requested name means, or None."""
@@ -461,85 +714,451 @@ class Emulator(HTTPEmulator):
                 return model
         return None
 
+    def _spec(self, name):
+        return self.specs.get(name) or Model(name)
+
+    def _size(self, spec):
+        if spec.size is not None:
+            return spec.size
+        return EMBED_SIZE if spec.kind == "embed" else self.size
+
+    def _caps(self, spec):
+        """The capabilities this server version knows of the model."""
+        return [c for c in spec.capabilities if self.v >= _CAP_SINCE.get(c, (0, 0, 0))]
+
+    def _details(self, spec):
+        if spec.kind == "embed":
+            return {"parent_model": "", "format": "gguf", "family": spec.arch,
+                    "families": [spec.arch], "parameter_size": "137M",
+                    "quantization_level": "F16"}
+        details = _details(spec.name)
+        details.update([("family", spec.arch), ("families", [spec.arch])])
+        return details
+
+    def _full_name(self, spec):
+        """The canonical name scheduleRunner prints: registry.ollama.ai/library/m:tag."""
+        name = _canonical_model(spec.name)
+        return "registry.ollama.ai/" + (name if "/" in name else "library/" + name)
+
     def _tag_entry(self, name):
-        return {"name": name, "model": name, "modified_at": self._modified, "size": self.size,
-                "digest": hashlib.sha256(name.encode("utf-8")).hexdigest(),
-                "details": _details(name)}
+        spec = self._spec(name)
+        entry = {"name": name, "model": name, "modified_at": self._modified,
+                 "size": self._size(spec),
+                 "digest": hashlib.sha256(name.encode("utf-8")).hexdigest(),
+                 "details": self._details(spec)}
+        if self.v >= (0, 30, 0):
+            entry["details"].update([("context_length", 2048 if spec.kind == "embed"
+                                      else 131072), ("embedding_length", spec.dims)])
+            caps = self._caps(spec)
+            if caps:
+                entry["capabilities"] = caps
+        return entry
 
     def _ps_entries(self, mode):
         with self._lock:
-            names = sorted(self.loaded)
-            keep = dict(self._keep)
-        vram = {"cpu": 0, "partial": int(self.size * 0.45)}.get(mode, self.size)
+            names = list(self.loaded)
+            keep, placed = dict(self._keep), dict(self._vram)
         entries = []
         for name in names:
-            seconds = keep.get(name, 300.0)
+            spec = self._spec(name)
+            size = self._size(spec)
+            vram = {"cpu": 0, "partial": int(size * 0.45)}.get(mode, placed.get(name, size))
+            seconds = keep.get(name, _DEFAULT_KEEP)
             seconds = _MAX_NS_SECONDS if seconds < 0 else seconds
             expires = _local_now() + datetime.timedelta(seconds=seconds)
             entry = self._tag_entry(name)
             del entry["modified_at"]
-            entry.update([("expires_at", _rfc3339(expires)), ("size_vram", vram),
-                          ("context_length", 4096)])
-            entries.append(entry)
-        return entries
+            entry.pop("capabilities", None)
+            entry.update([("expires_at", _rfc3339(expires)), ("size_vram", vram)])
+            if self.v >= (0, 10, 0):
+                entry["context_length"] = 4096
+            entries.append((-seconds, name, entry))
+        return [entry for _, _, entry in sorted(entries, key=lambda e: e[:2])]
 
-    def _generate(self, h, body, mode, t0):
-        """POST /api/generate, checks in the order of reference section 6.2."""
+    def _show(self, body):
+        """POST /api/show (ShowHandler): the model's card, capabilities from 0.6.4."""
         text = body.decode("utf-8", "replace")
         if not text.strip(" \t\r\n"):
             return _error(400, "missing request body")
         req, err = _decode_json(text)
         if err is None and req is not None and not isinstance(req, dict):
-            err = ("json: cannot unmarshal %s into Go value of type api.GenerateRequest"
+            err = ("json: cannot unmarshal %s into Go value of type api.ShowRequest"
                    % _json_kind(req))
         req = req if isinstance(req, dict) else {}
-        err = err or _request_error(req)
+        err = err or _request_error(req, _SHOW_FIELDS, "ShowRequest")
         if err:
             return _error(400, err)
+        raw_name = req.get("model") or req.get("name") or ""
+        if not raw_name:
+            return _error(400, "model is required")
+        name = self._resolve(raw_name)
+        if name is None:
+            shown = raw_name if ":" in raw_name.rsplit("/", 1)[-1] else raw_name + ":latest"
+            return _error(404, "model '%s' not found" % shown)
+        spec = self._spec(name)
+        caps = self._caps(spec)
+        if spec.kind == "embed":
+            template = "{{ .Prompt }}"
+        else:
+            template = ("{{- if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n"
+                        "{{ end }}<|im_start|>user\n{{ .Prompt }}<|im_end|>\n"
+                        "<|im_start|>assistant\n")
+            if "tools" in caps:
+                template = "{{- if .Tools }}# Tools\n{{ range .Tools }}{{ . }}\n{{ end }}" \
+                           "{{ end }}" + template
+            if "insert" in caps:
+                template += "{{ .Suffix }}"
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()
+        obj = {"license": "", "modelfile": (
+            "# Modelfile generated by \"ollama show\"\n# To build a new Modelfile based on "
+            "this, replace FROM with:\n# FROM %s\n\nFROM /usr/share/ollama/.ollama/models/"
+            "blobs/sha256-%s\nTEMPLATE %s\n" % (name, digest, json.dumps(template))),
+            "parameters": "" if spec.kind == "embed" else 'stop "<|im_end|>"',
+            "template": template, "details": self._details(spec)}
+        if self.v >= (0, 1, 45):
+            arch = spec.arch
+            info = {"general.architecture": arch, "general.file_type": 15,
+                    "general.parameter_count": 136727040 if spec.kind == "embed"
+                    else 3212749888,
+                    arch + ".block_count": 12 if spec.kind == "embed" else 28,
+                    arch + ".context_length": 2048 if spec.kind == "embed" else 131072,
+                    arch + ".embedding_length": spec.dims}
+            if spec.kind == "embed":
+                info[arch + ".pooling_type"] = 1
+            if "vision" in caps:
+                info[arch + ".vision.block_count"] = 32
+            obj["model_info"] = info
+        if self.v >= (0, 6, 4):
+            if caps:                                  # omitempty
+                obj["capabilities"] = caps
+            obj["modified_at"] = self._modified
+        return _json_reply(200, obj)
+
+    # -- warm-up requests: validation, then the scheduler
+
+    def _decode(self, body, struct, fields):
+        """(request dict, None) or (None, the 400 reply) for a POST body of api.STRUCT."""
+        text = body.decode("utf-8", "replace")
+        if not text.strip(" \t\r\n"):
+            return None, _error(400, "missing request body")
+        req, err = _decode_json(text)
+        if err is None and req is not None and not isinstance(req, dict):
+            err = "json: cannot unmarshal %s into Go value of type api.%s" % (
+                _json_kind(req), struct)
+        req = req if isinstance(req, dict) else {}
+        err = err or _request_error(req, fields, struct)
+        return (None, _error(400, err)) if err else (req, None)
+
+    def _missing_model(self, raw_name, mode):
+        """An empty model name: 400 up to 0.3.14, then 404 model '' not found."""
+        if mode == "old_server" or self.v <= (0, 3, 14):
+            return _error(400, "model is required")
+        return _error(404, "model '%s' not found" % raw_name)
+
+    def _kind_refusal(self, raw_name, what):
+        """generate or chat on a model without the completion capability."""
+        if self.v < (0, 2, 0):
+            return _error(400, "embedding models do not support %s" % what)
+        if self.v < (0, 2, 2):
+            return _error(400, "%s does not support %s" % (raw_name, what))
+        return _error(400, "%s does not support %s" % (_go_quote(raw_name), what))
+
+    def _think_refusal(self, req, raw_name, spec):
+        if req.get("think") is not True or "thinking" in self._caps(spec):
+            return None
+        if self.v >= (0, 12, 5):
+            return _error(400, "%s does not support thinking" % _go_quote(raw_name))
+        if self.v >= (0, 9, 0):
+            return _error(400, "%s does not support thinking" % self._full_name(spec))
+        return None
+
+    def _fault(self, mode, raw_name, name):
+        """The reply of an error mode for a warm-up request, or None."""
+        if mode in _GENERATE_ERRORS:
+            if mode != "busy":
+                with self._lock:
+                    self._unload(name)
+            return _error(*_GENERATE_ERRORS[mode])
+        if mode == "pull_first":
+            return _error(404, "model %s not found, try pulling it first" % _go_quote(raw_name))
+        return None
+
+    def _generate(self, h, body, mode, t0):
+        """POST /api/generate, checks in the order of reference section 6.2."""
+        req, refusal = self._decode(body, "GenerateRequest", _FIELD_TYPES)
+        if refusal:
+            return refusal
         keep = None if req.get("keep_alive") is None else _keep_alive(req["keep_alive"])
         raw_name = req.get("model") or ""
         if not raw_name.strip():
-            if mode == "old_server":
-                return _error(400, "model is required")
-            return _error(404, "model '%s' not found" % raw_name)
+            return self._missing_model(raw_name, mode)
         name = self._resolve(raw_name)
         if name is None:
             return _error(404, "model '%s' not found" % raw_name)
         prompt = req.get("prompt") or ""
         if not prompt and keep == 0:
             with self._lock:
-                self.loaded.discard(name)
+                self._unload(name)
             return self._done_object(raw_name, "unload")
+        spec = self._spec(name)
+        caps = self._caps(spec)
+        refusal = self._think_refusal(req, raw_name, spec)
+        if refusal:
+            return refusal
+        if "completion" not in caps:      # checked before scheduling: nothing loads
+            return self._kind_refusal(raw_name, "generate")
+        if req.get("suffix") and "insert" not in caps and self.v >= (0, 2, 6):
+            return _error(400, "%s does not support insert" % self._full_name(spec))
         err = _options_error(req.get("options"))
         if err:
             return _error(500, err)
-        if mode in _GENERATE_ERRORS:
-            if mode != "busy":
-                with self._lock:
-                    self.loaded.discard(name)
-            return _error(*_GENERATE_ERRORS[mode])
-        if mode == "pull_first":
-            return _error(404, "model %s not found, try pulling it first" % _go_quote(raw_name))
-        load_ns = self._ensure_loaded(h, name, t0)
+        refusal = self._fault(mode, raw_name, name)
+        if refusal:
+            return refusal
+        load_ns = self._acquire(h, name, t0, keep)
         if load_ns is None:
             return None
-        with self._lock:
-            if keep is not None or name not in self._keep:
-                self._keep[name] = 300.0 if keep is None else keep
-            if keep == 0:
-                self.loaded.discard(name)
+        self._release(name, keep)
         return self._generate_reply(req, raw_name, prompt, load_ns, mode)
 
-    def _ensure_loaded(self, h, name, t0):
-        """Load name if cold (no bytes sent meanwhile); None when the client left first."""
+    def _chat(self, h, body, mode, t0):
+        """POST /api/chat (ChatHandler): like generate, with messages and tools."""
+        req, refusal = self._decode(body, "ChatRequest", _CHAT_FIELDS)
+        if refusal:
+            return refusal
+        keep = None if req.get("keep_alive") is None else _keep_alive(req["keep_alive"])
+        raw_name = req.get("model") or ""
+        if not raw_name.strip():
+            return _error(400, "model is required")
+        name = self._resolve(raw_name)
+        if name is None:
+            return _error(404, "model '%s' not found" % raw_name)
+        messages = req.get("messages") or []
+        if not messages and keep == 0:
+            with self._lock:
+                self._unload(name)
+            return self._chat_object(raw_name, "", "unload")
+        spec = self._spec(name)
+        caps = self._caps(spec)
+        refusal = self._think_refusal(req, raw_name, spec)
+        if refusal:
+            return refusal
+        if "completion" not in caps:
+            return self._kind_refusal(raw_name, "chat")
+        if req.get("tools") and "tools" not in caps and self.v >= (0, 2, 6):
+            shown = self._full_name(spec) if self.v >= (0, 5, 2) else raw_name
+            return _error(400, "%s does not support tools" % shown)
+        err = _options_error(req.get("options"))
+        if err:
+            return _error(500, err)
+        refusal = self._fault(mode, raw_name, name)
+        if refusal:
+            return refusal
+        load_ns = self._acquire(h, name, t0, keep)
+        if load_ns is None:
+            return None
+        self._release(name, keep)
+        if not messages:
+            return self._chat_object(raw_name, "", "load")
+        options = req.get("options") or {}
+        reason = "length" if options.get("num_predict") == 1 else "stop"
+        created = _rfc3339(datetime.datetime.now(datetime.timezone.utc), utc=True)
+        final = {"model": raw_name, "created_at": created,
+                 "message": {"role": "assistant", "content": ""}, "done_reason": reason,
+                 "done": True, "total_duration": load_ns + 29100000, "load_duration": load_ns,
+                 "prompt_eval_count": 11, "prompt_eval_duration": 21500000,
+                 "eval_count": 1, "eval_duration": 6400000}
+        if req.get("stream") is False:
+            final["message"]["content"] = "Hello"
+            return _json_reply(200, final)
+        token = {"model": raw_name, "created_at": created,
+                 "message": {"role": "assistant", "content": "Hello"}, "done": False}
+        return _Reply(200, lines=[_dumps(token) + b"\n", _dumps(final) + b"\n"],
+                      ctype=NDJSON_CT)
+
+    def _chat_object(self, raw_name, content, reason):
+        return _json_reply(200, {"model": raw_name, "created_at": _rfc3339(
+            datetime.datetime.now(datetime.timezone.utc), utc=True),
+            "message": {"role": "assistant", "content": content}, "done_reason": reason,
+            "done": True})
+
+    def _no_embeddings(self, spec):
+        """What embedding a generative model gets, by version and engine (None: vectors)."""
+        if spec.kind == "embed":
+            return None
+        if self.v >= (0, 30, 0):
+            return (501, NO_EMBEDDINGS_501)
+        if self.v >= (0, 6, 1) and spec.arch in _GO_ENGINE_ARCHS:
+            return (500, NO_EMBEDDINGS_GO)
+        return None
+
+    def _embed(self, h, body, mode, t0):
+        """POST /api/embed (EmbedHandler, 0.2.6 on)."""
+        req, refusal = self._decode(body, "EmbedRequest", _EMBED_FIELDS)
+        if refusal:
+            return refusal
+        keep = None if req.get("keep_alive") is None else _keep_alive(req["keep_alive"])
+        raw_name = req.get("model") or ""
+        value = req.get("input")
+        if self.v < (0, 3, 6):            # before "Load Embedding Model on Empty Input"
+            if value is None:
+                return _error(400, "invalid input type")
+            if value in ("", []):
+                return _json_reply(200, {"model": raw_name, "embeddings": []})
+        if isinstance(value, str):
+            inputs = [value] if value else []
+        elif value is None:
+            inputs = []
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            inputs = value
+        else:
+            return _error(400, "invalid input type")
+        if not raw_name.strip():
+            return self._missing_model(raw_name, mode)
+        name = self._resolve(raw_name)
+        if name is None:
+            return _error(404, "model %s not found, try pulling it first" % _go_quote(raw_name))
+        err = _options_error(req.get("options"))
+        if err:
+            return _error(500, err)
+        refusal = self._fault(mode, raw_name, name)
+        if refusal:
+            return refusal
+        load_ns = self._acquire(h, name, t0, keep)   # no capability check: anything loads
+        if load_ns is None:
+            return None
+        self._release(name, keep)
+        if not inputs:
+            return _json_reply(200, {"model": raw_name, "embeddings": []})
+        spec = self._spec(name)
+        failure = self._no_embeddings(spec)
+        if failure:
+            return _error(*failure)
+        if mode in ("empty_embedding", "empty_vector"):
+            return _json_reply(200, {"model": raw_name, "embeddings":
+                                     [] if mode == "empty_embedding" else [[]]})
+        dims = spec.dims
+        wanted = req.get("dimensions")
+        if self.v >= (0, 11, 11) and isinstance(wanted, int) and 0 < wanted < dims:
+            dims = wanted
+        obj = {"model": raw_name, "embeddings": [
+            _vector(name + "\0" + text, dims) for text in inputs]}
+        if self.v >= (0, 3, 1):
+            obj.update([("total_duration", load_ns + 14000000), ("load_duration", load_ns),
+                        ("prompt_eval_count", sum(1 + len(t.split()) for t in inputs))])
+        return _json_reply(200, obj)
+
+    def _embeddings(self, h, body, mode, t0):
+        """The legacy POST /api/embeddings (EmbeddingsHandler): {"embedding":[...]}."""
+        req, refusal = self._decode(body, "EmbeddingRequest", _LEGACY_FIELDS)
+        if refusal:
+            return refusal
+        keep = None if req.get("keep_alive") is None else _keep_alive(req["keep_alive"])
+        raw_name = req.get("model") or ""
+        if not raw_name.strip():
+            return _error(400, "model is required")
+        name = self._resolve(raw_name)
+        if name is None:
+            return _error(404, "model %s not found, try pulling it first" % _go_quote(raw_name))
+        err = _options_error(req.get("options"))
+        if err:
+            return _error(500, err)
+        refusal = self._fault(mode, raw_name, name)
+        if refusal:
+            return refusal
+        load_ns = self._acquire(h, name, t0, keep)
+        if load_ns is None:
+            return None
+        self._release(name, keep)
+        prompt = req.get("prompt") or ""
+        if not prompt:                    # "an empty request loads the model"
+            return _json_reply(200, {"embedding": []})
+        spec = self._spec(name)
+        failure = self._no_embeddings(spec)
+        if failure:                       # no 501 passthrough on this route
+            return _error(500, failure[1])
+        if mode in ("empty_embedding", "empty_vector"):
+            return _json_reply(200, {"embedding": []})
+        return _json_reply(200, {"embedding": _vector(name + "\0" + prompt, spec.dims,
+                                                      normalize=False)})
+
+    # -- the scheduler (server/sched.go)
+
+    def _placement(self, spec):
+        """size_vram of spec loaded now: all of it, or what VRAM is free (alone)."""
+        size = self._size(spec)
+        if spec.gpu_pct is not None:
+            return int(size * spec.gpu_pct / 100.0)
+        if self.vram is None:
+            return size
+        return max(0, min(size, self.vram - sum(self._vram.values())))
+
+    def _victim(self):
+        """findRunnerToUnload: shortest session first (keep_alive < 0 last), then by
+        name; the first idle one, else the first."""
+        def order(name):
+            seconds = self._keep.get(name, _DEFAULT_KEEP)
+            return (2 ** 64 - 1 if seconds < 0 else int(seconds * 1e9), name)
+        ranked = sorted(self.loaded, key=order)
+        idle = [n for n in ranked if not self._refs.get(n)]
+        return (idle or ranked)[0]
+
+    def _make_room(self, spec):
+        """Evict until spec may load (under the lock); a busy victim's name to wait for, or None."""
+        size = self._size(spec)
+        while self.loaded:
+            cause = None
+            if len(self.loaded) >= self.max_loaded:
+                cause = "max_loaded"
+            elif self.vram is not None:
+                free = self.vram - sum(self._vram.values())
+                room = free * 0.8 if self.v >= (0, 30, 0) else free
+                if size > room:
+                    cause = "vram"
+            if cause is None:
+                return None
+            victim = self._victim()
+            if self._refs.get(victim):
+                return victim
+            self._unload(victim)
+            self.evictions.append((victim, spec.name, cause))
+        return None
+
+    def _unload(self, name):
+        self.loaded.discard(name)
+        self._vram.pop(name, None)
+
+    def _use(self, name, keep):
+        self._refs[name] = self._refs.get(name, 0) + 1
+        if keep is not None or name not in self._keep:
+            self._keep[name] = _DEFAULT_KEEP if keep is None else keep
+
+    def _release(self, name, keep):
         with self._lock:
-            if name in self.loaded:
-                return max(int((time.time() - t0) * 1e9), 100000)
-            rec = self._loading.get(name)
-            if rec is None:
-                rec = self._loading[name] = {"deadline": time.time() + self.load_seconds,
-                                             "waiters": 0}
-            rec["waiters"] += 1
+            self._refs[name] = max(0, self._refs.get(name, 0) - 1)
+            if keep == 0:
+                self._unload(name)
+
+    def _acquire(self, h, name, t0, keep):
+        """Schedule name: use it when loaded, else (one load at a time, after evicting
+        what must go) load it for its load time, sending no byte meanwhile.  The load
+        ns, or None when the client left first (a load with no client left aborts)."""
+        spec = self._spec(name)
+        seconds = self.load_seconds if spec.load_seconds is None else spec.load_seconds
+        rec = None
+        while rec is None:
+            with self._lock:
+                if name in self.loaded:
+                    self._use(name, keep)
+                    return max(int((time.time() - t0) * 1e9), 100000)
+                rec = self._loading.get(name)
+                if rec is None and not self._loading and self._make_room(spec) is None:
+                    rec = self._loading[name] = {"deadline": time.time() + seconds,
+                                                 "waiters": 0, "vram": self._placement(spec)}
+                if rec is not None:
+                    rec["waiters"] += 1
+            if rec is None and (self._stop.is_set() or h.client_gone(0.02)):
+                return None
         while time.time() < rec["deadline"]:
             left = rec["deadline"] - time.time()
             if self._stop.is_set() or h.client_gone(max(0.0, min(0.05, left))):
@@ -551,7 +1170,9 @@ class Emulator(HTTPEmulator):
         with self._lock:
             if self._loading.get(name) is rec:
                 del self._loading[name]
-            self.loaded.add(name)
+                self.loaded.add(name)
+                self._vram[name] = rec["vram"]
+            self._use(name, keep)
         return max(int((time.time() - t0) * 1e9), 100000)
 
     def _done_object(self, raw_name, reason):
@@ -600,19 +1221,38 @@ def main(argv=None):
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--mode", default="healthy", choices=MODE_NAMES, metavar="MODE",
                         help="behaviour, see below (default healthy)")
-    parser.add_argument("--model", action="append", metavar="NAME",
-                        help="a model /api/tags lists (repeatable; default llama3.2:latest)")
+    parser.add_argument("--model", action="append", metavar="SPEC",
+                        help="a model /api/tags lists (repeatable; default llama3.2:latest): "
+                        "NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]], KIND generate or "
+                        "embed, CAPS comma-separated (completion,tools,...), empty fields "
+                        "default, e.g. nomic-embed-text:latest=embed")
+    parser.add_argument("--loaded", action="append", metavar="NAME",
+                        help="a model loaded at start (repeatable; default the first)")
     parser.add_argument("--cold", action="store_true", help="start with no model loaded")
+    parser.add_argument("--version", default="0.32.15", metavar="X.Y.Z",
+                        help="the Ollama release to answer as (default 0.32.15)")
+    parser.add_argument("--vram-mib", type=float, default=None, metavar="MIB",
+                        help="VRAM budget of the scheduler (default unlimited)")
+    parser.add_argument("--max-loaded", type=int, default=None, metavar="N",
+                        help="OLLAMA_MAX_LOADED_MODELS (default 1 before 0.2.0, else 3)")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
                         help="cold-load time, also the slow_start window (default 5)")
     parser.add_argument("--fault-on", default="all", metavar="PATH",
                         help="apply the mode only to this path, e.g. /api/generate (default all)")
     args = parser.parse_args(argv)
-    emu = Emulator(mode=args.mode, models=tuple(args.model or ("llama3.2:latest",)),
-                   loaded=() if args.cold else None, load_seconds=args.load_seconds,
-                   fault_on=args.fault_on, host=args.host, port=args.port)
-    details = "mode=%s models=%s loaded=%s" % (
-        emu.mode, ",".join(emu.models) or "none", ",".join(sorted(emu.loaded)) or "none")
+    try:
+        models = tuple(Model.parse(s) for s in (args.model or ("llama3.2:latest",)))
+        emu = Emulator(mode=args.mode, models=models,
+                       loaded=() if args.cold else args.loaded,
+                       load_seconds=args.load_seconds, fault_on=args.fault_on,
+                       host=args.host, port=args.port, version=args.version,
+                       vram_mib=args.vram_mib, max_loaded=args.max_loaded)
+    except ValueError as exc:
+        parser.error(str(exc))
+    details = "mode=%s version=%s models=%s loaded=%s" % (
+        emu.mode, emu.version,
+        ",".join("%s(%s)" % (m, emu.specs[m].kind) for m in emu.models) or "none",
+        ",".join(sorted(emu.loaded)) or "none")
     return serve_until_signalled(emu, "ollama emulator", "cannot listen on", details)
 
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Loopback emulator of OpenAI-compatible inference servers, for gpu_preflight's tests.
 
-Two flavours, each answering like the real server on the endpoints a preflight
+Three flavours, each answering like the real server on the endpoints a preflight
 touches (project reference, ollama-api.md section 12, read against the servers'
 sources):
 
   vllm      vLLM's OpenAI server (FastAPI on uvicorn): GET /health (200, empty
             body), GET /version, GET /v1/models (ModelCard list), POST
-            /v1/completions and /v1/chat/completions.  Errors are
+            /v1/completions, /v1/chat/completions and /v1/embeddings.  Errors are
             {"error":{"message","type","param","code"}}; unknown paths
             {"detail":"Not Found"}, wrong methods (HEAD included, as FastAPI
             does) {"detail":"Method Not Allowed"}.  Header names are lower-case
@@ -19,12 +19,47 @@ sources):
             then GET /health and /v1/health {"status":"ok"}, GET /models and
             /v1/models (one body with both "models" and "data"), POST
             /completions, /v1/completions, /chat/completions,
-            /v1/chat/completions; anything else 404 "File Not Found".  JSON is
+            /v1/chat/completions, /embedding, /embeddings, /v1/embeddings;
+            anything else 404 "File Not Found".  JSON is
             compact with sorted keys (nlohmann::json), Content-Type
             "application/json; charset=utf-8"; HEAD is GET without a body.
             With a token every path but /health, /v1/health and "/" needs
             "Authorization: Bearer TOKEN" (or X-Api-Key) -> 401 "Invalid API
             Key".  The request's model name is not checked (single-model mode).
+  llama-cpp-python  `python -m llama_cpp.server` 0.3.x (FastAPI on uvicorn), as
+            observed (reference multi-model.md B8): no /health (404
+            {"detail":"Not Found"}), GET /v1/models {"object":"list","data":
+            [{"id","object":"model","owned_by":"me","permissions":[]}]}, POST
+            /v1/completions, /v1/chat/completions, /v1/embeddings; an unknown
+            model name is served by the loaded model; the port opens only
+            after the load (mode loading: refused); with a token every /v1/*
+            path needs it (401 {"detail":"Invalid API key"}).
+
+Models are names, or "NAME=KIND" with KIND generate (default) or embed (a
+pooling model).  What a request of the wrong kind gets, and /v1/embeddings:
+  vllm      the wrong API for the model (completions or chat on an embedding
+            model, embeddings on a generative one): by era (wrong_kind /
+            --wrong-kind): "200-nested" (default; 200 with {"error":{"message":
+            "The model does not support Completions API",...}}, v0.10.1 on),
+            "200-flat" (200 with {"object":"error","message":...}, before
+            v0.10.1), "501" (NotImplementedError builds), "404" (task-gated
+            routes: {"detail":"Not Found"}).  Embeddings: {"id":"embd-...",
+            "object":"list","data":[{"index":0,"object":"embedding",
+            "embedding":[...]}],"usage":{...}}
+  llamacpp  embeddings=True is --embeddings: then completions and chat get 501
+            "This server does not support completions. Start it without
+            `--embeddings`" (2024-2025 builds); without it /v1/embeddings gets
+            501 "This server does not support embeddings. Start it with
+            `--embeddings`"; with it, a generative (pooling none) model gets
+            400 "Pooling type 'none' is not OAI compatible..." on the OpenAI
+            routes
+  llama-cpp-python  embeddings=True is --embedding true: completions still
+            work; /v1/embeddings answers per-token vectors (a list of lists)
+            for a generative model (pooling none), a flat list for an
+            embedding model; without it 500 "Llama model must be created with
+            embedding=True to call this method"
+embedding_shape="nested" makes any flavour answer embeddings as a list of
+per-token vectors (what pooling-none models give), "flat" one vector.
 
 Modes (fault_on / --fault-on restricts a mode to one path, default "all"):
   healthy         faithful server (the default)
@@ -44,18 +79,30 @@ Modes (fault_on / --fault-on restricts a mode to one path, default "all"):
   oom             completions -> 500 CUDA out of memory, in the flavour's shape
   empty_models    the models list is empty (llamacpp: "data" and "models")
   redirect        every request -> 302, Location http://evil.example:9/steal
+  chat_only       no /v1/completions (and llamacpp /completions): 404 in the
+                  flavour's shape, as a chat-only server or gateway has it
+  completions_405 POST /v1/completions -> 405 Method Not Allowed
+  error_in_200    completions and chat -> 200 whose body is an error object
+                  (vLLM's flat {"object":"error",...}, CUDA out of memory)
+  empty_embedding /v1/embeddings -> 200 with data[0].embedding []
 
 Every request is recorded in .requests as a dict: method, path (no query),
 target (as sent), headers (dict, lower-case names), body (bytes), time.
 
 Run it:   python3 tests/openai_emu.py --port 8000 --flavour vllm --mode loading
+          python3 tests/openai_emu.py --flavour vllm --model qwen2.5-0.5b \
+              --model bge-m3=embed --wrong-kind 200-flat
 Import:   from openai_emu import OpenAIEmulator
           with OpenAIEmulator(flavour="llamacpp", token="k") as emu: ... emu.url
+          OpenAIEmulator(flavour="llamacpp", models=("bge-m3=embed",), embeddings=True)
 Standard library only, CPython 3.6+.
 """
 
 import email.utils
+import hashlib
 import json
+import math
+import random
 import sys
 import time
 import uuid
@@ -64,8 +111,11 @@ from http.client import responses as _REASONS
 from emu_base import Handler, HTTPEmulator, cli_parser, serve_until_signalled
 from emu_base import free_port  # noqa: F401  (public here before emu_base existed)
 
-FLAVOURS = ("vllm", "llamacpp")
-DEFAULT_PORTS = {"vllm": 8000, "llamacpp": 8080}
+FLAVOURS = ("vllm", "llamacpp", "llama-cpp-python")
+DEFAULT_PORTS = {"vllm": 8000, "llamacpp": 8080, "llama-cpp-python": 8000}
+UVICORN = ("vllm", "llama-cpp-python")        # FastAPI on uvicorn: its header style
+KINDS = ("generate", "embed")
+WRONG_KIND = ("200-nested", "200-flat", "501", "404")
 
 MODES = (
     ("healthy", "faithful server (default)"),
@@ -80,6 +130,10 @@ MODES = (
     ("oom", "completions -> 500 CUDA out of memory"),
     ("empty_models", "the models list is empty"),
     ("redirect", "every request -> 302 to http://evil.example:9/steal"),
+    ("chat_only", "no /v1/completions: 404 (a chat-only server or gateway)"),
+    ("completions_405", "POST /v1/completions -> 405 Method Not Allowed"),
+    ("error_in_200", "completions and chat -> 200 with an error object (CUDA out of memory)"),
+    ("empty_embedding", "/v1/embeddings -> 200 with data[0].embedding []"),
 )
 MODE_NAMES = tuple(name for name, _ in MODES)
 
@@ -99,15 +153,29 @@ VLLM_OOM = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total c
 LLAMA_OOM = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 2048.00 MiB on device 0: "
              "cudaMalloc failed: out of memory")
 LLAMA_LOAD_FAILED = "Model failed to load"
+#: Answers to a request of the wrong kind (reference multi-model.md B5, B6, B8).
+VLLM_NO_API = "The model does not support %s API"        # Completions, Chat Completions, Embeddings
+LLAMA_NO_EMBEDDINGS = "This server does not support embeddings. Start it with `--embeddings`"
+LLAMA_NO_COMPLETIONS = ("This server does not support completions. Start it without "
+                        "`--embeddings`")
+LLAMA_POOLING_NONE = ("Pooling type 'none' is not OAI compatible. Please use a different "
+                      "pooling type")
+LCP_NO_EMBEDDINGS = "Llama model must be created with embedding=True to call this method"
 
 # Paths per flavour: path -> allowed methods (vLLM routes are FastAPI's, no HEAD).
 _VLLM_ROUTES = {"/health": ("GET",), "/version": ("GET",), "/v1/models": ("GET",),
-                "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",)}
+                "/v1/completions": ("POST",), "/v1/chat/completions": ("POST",),
+                "/v1/embeddings": ("POST",)}
+_LCP_ROUTES = {"/v1/models": ("GET",), "/v1/completions": ("POST",),
+               "/v1/chat/completions": ("POST",), "/v1/embeddings": ("POST",),
+               "/extras/tokenize": ("POST",), "/extras/tokenize/count": ("POST",),
+               "/extras/detokenize": ("POST",)}
 _LLAMA_ROUTES = {"/": ("GET", "HEAD"), "/health": ("GET", "HEAD"),
                  "/v1/health": ("GET", "HEAD"), "/models": ("GET", "HEAD"),
                  "/v1/models": ("GET", "HEAD"), "/completions": ("POST",),
                  "/v1/completions": ("POST",), "/chat/completions": ("POST",),
-                 "/v1/chat/completions": ("POST",)}
+                 "/v1/chat/completions": ("POST",), "/embedding": ("POST",),
+                 "/embeddings": ("POST",), "/v1/embeddings": ("POST",)}
 _LLAMA_PUBLIC = ("/health", "/v1/health", "/")     # no API key (server-http.cpp)
 _LLAMA_FRONTEND = ("/",)                              # served even while loading
 _LLAMA_INDEX = (b"<!doctype html><html><head><meta charset=\"utf-8\"><title>llama.cpp - chat"
@@ -138,6 +206,24 @@ def _prompt_tokens(prompt):
     return 1 + len(str(prompt or "").split())
 
 
+def _model_spec(spec):
+    """(name, kind) of "NAME" or "NAME=KIND"."""
+    name, _, kind = str(spec).partition("=")
+    kind = kind or "generate"
+    if not name or kind not in KINDS:
+        raise ValueError("bad model %r: NAME or NAME=KIND, KIND one of %s"
+                         % (spec, ", ".join(KINDS)))
+    return name, kind
+
+
+def _vector(seed, dims=384):
+    """A deterministic L2-normalized pseudo-random vector."""
+    rnd = random.Random(hashlib.sha256(seed.encode("utf-8")).hexdigest())
+    values = [rnd.uniform(-1.0, 1.0) for _ in range(dims)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [float("%.7g" % (v / norm)) for v in values]
+
+
 def _messages_tokens(messages):
     text = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
     return 8 + len(text.split())
@@ -156,7 +242,7 @@ def _head(flavour, reply, length=None, chunked=False):
     date = email.utils.formatdate(usegmt=True)
     lines = ["HTTP/1.1 %d %s" % (reply.status, _REASONS.get(reply.status, "Unknown"))]
     fields = []
-    if flavour == "vllm":                      # uvicorn: date, server, then the app's
+    if flavour in UVICORN:                     # uvicorn: date, server, then the app's
         fields += [("date", date), ("server", "uvicorn")]
         if length is not None:
             fields.append(("content-length", "%d" % length))
@@ -229,14 +315,24 @@ class OpenAIEmulator(HTTPEmulator):
 
     def __init__(self, flavour="vllm", mode="healthy", models=("qwen2.5-0.5b",),
                  load_seconds=0.0, token=None, host="127.0.0.1", port=None,
-                 fault_on="all", max_model_len=32768):
+                 fault_on="all", max_model_len=32768, embeddings=False,
+                 wrong_kind="200-nested", embedding_shape=None):
         if flavour not in FLAVOURS:
             raise ValueError("unknown flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
+        if wrong_kind not in WRONG_KIND:
+            raise ValueError("unknown wrong_kind %r (one of %s)"
+                             % (wrong_kind, ", ".join(WRONG_KIND)))
+        if embedding_shape not in (None, "flat", "nested"):
+            raise ValueError("embedding_shape is None, 'flat' or 'nested'")
         HTTPEmulator.__init__(self, mode, fault_on, host, port or 0, load_seconds)
         self.flavour = flavour
-        self.models = tuple(models)
+        specs = [_model_spec(m) for m in models]
+        self.models = tuple(name for name, _ in specs)
+        self.kinds = dict(specs)
+        self.embeddings, self.wrong_kind = embeddings, wrong_kind
+        self.embedding_shape = embedding_shape
         self.token = token
         self.max_model_len = max_model_len
         self.version = VLLM_VERSION
@@ -245,8 +341,8 @@ class OpenAIEmulator(HTTPEmulator):
     # -- lifecycle (HTTPEmulator.start binds now, listens after _listen_delay())
 
     def _listen_delay(self):
-        """vllm in mode loading: bound but not listening (refused) for load_seconds."""
-        if self.flavour == "vllm" and self.mode == "loading":
+        """vllm, llama-cpp-python in mode loading: bound, not listening (refused) for load_seconds."""
+        if self.flavour in UVICORN and self.mode == "loading":
             return self.load_seconds
         return 0.0
 
@@ -260,6 +356,24 @@ class OpenAIEmulator(HTTPEmulator):
     def count(self, method, path):
         with self._lock:
             return sum(1 for r in self.requests if r["method"] == method and r["path"] == path)
+
+    def posts(self):
+        """(path, parsed JSON body) of every POST, in order."""
+        with self._lock:
+            found = [r for r in self.requests if r["method"] == "POST"]
+        out = []
+        for r in found:
+            try:
+                out.append((r["path"], json.loads(bytes.decode(r["body"], "utf-8"))))
+            except ValueError:
+                out.append((r["path"], None))
+        return out
+
+    def kind_of(self, name):
+        """The kind of the model a request names (unknown or none: the first model's)."""
+        if name in self.kinds:
+            return self.kinds[name]
+        return self.kinds[self.models[0]] if self.models else "generate"
 
     # -- per-request entry point (HTTPEmulator._serve calls these)
 
@@ -278,7 +392,7 @@ class OpenAIEmulator(HTTPEmulator):
         return _pieces(self.flavour, reply, head_only, http10)
 
     def _huge_parts(self):
-        if self.flavour == "vllm":
+        if self.flavour in UVICORN:
             return b'{"object":"list","data":[', b'{"id":"x"},', b'{"id":"x"}]}'
         return b'{"data":[', b'{"id":"x"},', b'{"id":"x"}],"object":"list"}'
 
@@ -306,12 +420,27 @@ class OpenAIEmulator(HTTPEmulator):
             h.send(reply)
 
     def _json_ct(self):
-        return VLLM_JSON if self.flavour == "vllm" else LLAMA_JSON
+        return VLLM_JSON if self.flavour in UVICORN else LLAMA_JSON
 
     def _route(self, method, path, headers, body, mode):
         if self.flavour == "vllm":
             return self._vllm_route(method, path, headers, body, mode)
+        if self.flavour == "llama-cpp-python":
+            return self._lcp_route(method, path, headers, body, mode)
         return self._llama_route(method, path, headers, body, mode)
+
+    def _shape(self, kind, text, dims=384):
+        """data[0].embedding: one vector, or one per token (pooling none)."""
+        shape = self.embedding_shape or ("flat" if kind == "embed" else "nested")
+        if shape == "flat":
+            return _vector(text, dims)
+        return [_vector("%s\0%d" % (text, i), dims) for i in range(_prompt_tokens(text))]
+
+    def _inputs(self, value):
+        """The texts of an embeddings input (string or list of strings)."""
+        if isinstance(value, str):
+            return [value]
+        return [v if isinstance(v, str) else json.dumps(v) for v in value or []]
 
     # -- vLLM
 
@@ -332,18 +461,85 @@ class OpenAIEmulator(HTTPEmulator):
                 and not self._vllm_authorized(headers):
             return self._vllm_json(401, {"error": "Unauthorized"})
         methods = _VLLM_ROUTES.get(path)
-        if methods is None or (mode == "no_health" and path == "/health"):
+        if (methods is None or (mode == "no_health" and path == "/health")
+                or (mode == "chat_only" and path == "/v1/completions")):
             return self._vllm_json(404, {"detail": "Not Found"})
-        if method not in methods:
+        if method not in methods or (mode == "completions_405" and path == "/v1/completions"):
+            allowed = ("GET",) if mode == "completions_405" else methods
             return self._vllm_json(405, {"detail": "Method Not Allowed"},
-                                   [("allow", ", ".join(methods))])
+                                   [("allow", ", ".join(allowed))])
         if path == "/health":
             return _Reply(503 if mode == "engine_dead" else 200, b"")
         if path == "/version":
             return self._vllm_json(200, {"version": self.version})
         if path == "/v1/models":
             return self._vllm_json(200, {"object": "list", "data": self._vllm_cards(mode)})
+        if path == "/v1/embeddings":
+            return self._vllm_embeddings(body, mode)
         return self._vllm_generate(body, mode, chat=path == "/v1/chat/completions")
+
+    def _vllm_wrong_api(self, api):
+        """vLLM's answer to an API the model's task lacks, by era (wrong_kind)."""
+        message = VLLM_NO_API % api
+        if self.wrong_kind == "404":
+            return self._vllm_json(404, {"detail": "Not Found"})
+        if self.wrong_kind == "501":
+            return self._vllm_error(501, message, "NotImplementedError")
+        if self.wrong_kind == "200-flat":
+            return self._vllm_json(200, {"object": "error", "message": message,
+                                         "type": "BadRequestError", "param": None,
+                                         "code": 400})
+        return self._vllm_json(200, {"error": {"message": message, "type": "BadRequestError",
+                                               "param": None, "code": 400}})
+
+    def _vllm_parse(self, body):
+        """(request dict, None) or (None, the validation error reply)."""
+        text = body.decode("utf-8", "replace")
+        if not text.strip():
+            return None, self._vllm_invalid([{"type": "missing", "loc": ("body",),
+                                              "msg": "Field required", "input": None}])
+        try:
+            req = json.loads(text)
+        except ValueError as exc:
+            return None, self._vllm_invalid([{"type": "json_invalid", "loc": (
+                "body", getattr(exc, "pos", 0)), "msg": "JSON decode error", "input": {},
+                "ctx": {"error": getattr(exc, "msg", str(exc))}}])
+        if not isinstance(req, dict):
+            return None, self._vllm_invalid([{
+                "type": "model_attributes_type", "loc": ("body",),
+                "msg": "Input should be a valid dictionary or object to extract fields from",
+                "input": req}])
+        return req, None
+
+    def _vllm_embeddings(self, body, mode):
+        """POST /v1/embeddings (vllm/entrypoints/pooling/embed)."""
+        req, refusal = self._vllm_parse(body)
+        if refusal:
+            return refusal
+        if req.get("input") is None:
+            return self._vllm_invalid([{"type": "missing", "loc": ("body", "input"),
+                                        "msg": "Field required", "input": req}])
+        name = req.get("model")
+        if self.kind_of(name) != "embed":
+            return self._vllm_wrong_api("Embeddings")
+        if name and name not in self.models:
+            return self._vllm_error(404, "The model `%s` does not exist." % name,
+                                    "NotFoundError", "model")
+        if mode == "engine_dead":
+            return self._vllm_error(500, ENGINE_DEAD, "InternalServerError")
+        if mode == "oom":
+            return self._vllm_error(500, VLLM_OOM, "InternalServerError")
+        served = name or self.models[0]
+        texts = self._inputs(req["input"])
+        tokens = sum(_prompt_tokens(t) for t in texts)
+        data = [{"index": i, "object": "embedding",
+                 "embedding": [] if mode == "empty_embedding" else self._shape(
+                     "embed", served + "\0" + t)} for i, t in enumerate(texts)]
+        return self._vllm_json(200, {
+            "id": "embd-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()),
+            "model": served, "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None}})
 
     def _vllm_cards(self, mode):
         if mode == "empty_models":
@@ -364,20 +560,9 @@ class OpenAIEmulator(HTTPEmulator):
         return self._vllm_error(400, repr(errors), "Bad Request")
 
     def _vllm_generate(self, body, mode, chat):
-        text = body.decode("utf-8", "replace")
-        if not text.strip():
-            return self._vllm_invalid([{"type": "missing", "loc": ("body",),
-                                        "msg": "Field required", "input": None}])
-        try:
-            req = json.loads(text)
-        except ValueError as exc:
-            return self._vllm_invalid([{"type": "json_invalid", "loc": ("body", getattr(
-                exc, "pos", 0)), "msg": "JSON decode error", "input": {},
-                "ctx": {"error": getattr(exc, "msg", str(exc))}}])
-        if not isinstance(req, dict):
-            return self._vllm_invalid([{"type": "model_attributes_type", "loc": ("body",),
-                                        "msg": "Input should be a valid dictionary or object "
-                                               "to extract fields from", "input": req}])
+        req, refusal = self._vllm_parse(body)
+        if refusal:
+            return refusal
         for field, ok, kind, word in (
                 ("model", lambda v: isinstance(v, str), "string_type", "string"),
                 ("max_tokens", _is_int, "int_type", "integer"),
@@ -390,6 +575,8 @@ class OpenAIEmulator(HTTPEmulator):
         if chat and not isinstance(req.get("messages"), list):
             return self._vllm_invalid([{"type": "missing", "loc": ("body", "messages"),
                                         "msg": "Field required", "input": req}])
+        if self.kind_of(req.get("model")) == "embed":     # the route's handler is None
+            return self._vllm_wrong_api("Chat Completions" if chat else "Completions")
         if not chat and req.get("prompt") in (None, "", []):
             return self._vllm_error(400, "Either prompt or prompt_embeds must be provided "
                                          "and non-empty.", "BadRequestError")
@@ -405,7 +592,11 @@ class OpenAIEmulator(HTTPEmulator):
             return self._vllm_error(500, ENGINE_DEAD, "InternalServerError")
         if mode == "oom":
             return self._vllm_error(500, VLLM_OOM, "InternalServerError")
-        served = self.models[0] if self.models else (name or "")
+        if mode == "error_in_200":
+            return self._vllm_json(200, {"object": "error", "message": VLLM_OOM,
+                                         "type": "InternalServerError", "param": None,
+                                         "code": 500})
+        served = name or (self.models[0] if self.models else "")
         n = 16 if max_tokens is None else min(max_tokens, 16)
         prompt_tokens = (_messages_tokens(req["messages"]) if chat
                          else _prompt_tokens(req.get("prompt")))
@@ -469,8 +660,11 @@ class OpenAIEmulator(HTTPEmulator):
             return self._llama_error(401, "Invalid API Key", "authentication_error")
         methods = _LLAMA_ROUTES.get(path)
         if (methods is None or method not in methods
-                or (mode == "no_health" and path in ("/health", "/v1/health"))):
+                or (mode == "no_health" and path in ("/health", "/v1/health"))
+                or (mode == "chat_only" and path in ("/completions", "/v1/completions"))):
             return self._llama_error(404, "File Not Found", "not_found_error")
+        if mode == "completions_405" and path in ("/completions", "/v1/completions"):
+            return self._llama_error(405, "Method Not Allowed", "invalid_request_error")
         if path == "/":
             return _Reply(200, _LLAMA_INDEX, "text/html; charset=utf-8")
         if path in ("/health", "/v1/health"):
@@ -479,7 +673,65 @@ class OpenAIEmulator(HTTPEmulator):
             return self._llama_json(200, {"status": "ok"})
         if path in ("/models", "/v1/models"):
             return self._llama_json(200, self._llama_models(mode))
+        if path in ("/embedding", "/embeddings", "/v1/embeddings"):
+            return self._llama_embeddings(body, mode, oai=path != "/embedding")
         return self._llama_generate(body, mode, chat=path.endswith("/chat/completions"))
+
+    def _llama_parse(self, body):
+        """(request, None) or (None, nlohmann's parse error as llama-server answers it)."""
+        text = body.decode("utf-8", "replace")
+        if not text.strip():
+            return None, self._llama_error(500, "[json.exception.parse_error.101] parse error "
+                                                "at line 1, column 1: attempting to parse an "
+                                                "empty input; check that your input string or "
+                                                "stream contains the expected JSON",
+                                           "server_error")
+        try:
+            req = json.loads(text)
+        except ValueError as exc:
+            pos = getattr(exc, "pos", 0)
+            return None, self._llama_error(500, "[json.exception.parse_error.101] parse error "
+                                                "at line 1, column %d: syntax error while "
+                                                "parsing value - invalid literal; last read: "
+                                                "'%s'" % (pos + 1, text[pos:pos + 1]),
+                                           "server_error")
+        if not isinstance(req, dict):
+            return None, self._llama_error(500, "[json.exception.type_error.306] cannot use "
+                                                "value() with %s" % (
+                                                    "array" if isinstance(req, list)
+                                                    else type(req).__name__), "server_error")
+        return req, None
+
+    def _llama_embeddings(self, body, mode, oai):
+        """handle_embeddings_impl: --embeddings, then pooling, then the input."""
+        if not self.embeddings:
+            return self._llama_error(501, LLAMA_NO_EMBEDDINGS, "not_supported_error")
+        kind = self.kind_of(None)                  # single-model: the loaded one
+        if oai and kind != "embed" and self.embedding_shape is None:
+            return self._llama_error(400, LLAMA_POOLING_NONE, "invalid_request_error")
+        req, refusal = self._llama_parse(body)
+        if refusal:
+            return refusal
+        value = req.get("input", req.get("content"))
+        if value is None:
+            return self._llama_error(400, "\"input\" or \"content\" must be provided",
+                                     "invalid_request_error")
+        if mode in ("engine_dead", "oom"):
+            return self._llama_error(500, LLAMA_LOAD_FAILED if mode == "engine_dead"
+                                     else LLAMA_OOM, "server_error")
+        name = req.get("model") if isinstance(req.get("model"), str) else None
+        model = name or (self.models[0] if self.models else "gpt-3.5-turbo")
+        texts = self._inputs(value)
+        tokens = sum(_prompt_tokens(t) for t in texts)
+        data = [{"embedding": [] if mode == "empty_embedding" else self._shape(
+            kind, model + "\0" + t), "index": i, "object": "embedding"}
+            for i, t in enumerate(texts)]
+        if not oai:
+            return self._llama_json(200, [{"embedding": d["embedding"], "index": d["index"]}
+                                          for d in data])
+        return self._llama_json(200, {"data": data, "model": model, "object": "list",
+                                      "usage": {"prompt_tokens": tokens,
+                                                "total_tokens": tokens}})
 
     def _llama_models(self, mode):
         names = () if mode == "empty_models" else self.models
@@ -498,25 +750,11 @@ class OpenAIEmulator(HTTPEmulator):
         return {"models": listed, "object": "list", "data": data}
 
     def _llama_generate(self, body, mode, chat):
-        text = body.decode("utf-8", "replace")
-        if not text.strip():
-            return self._llama_error(500, "[json.exception.parse_error.101] parse error at "
-                                          "line 1, column 1: attempting to parse an empty "
-                                          "input; check that your input string or stream "
-                                          "contains the expected JSON", "server_error")
-        try:
-            req = json.loads(text)
-        except ValueError as exc:
-            pos = getattr(exc, "pos", 0)
-            return self._llama_error(500, "[json.exception.parse_error.101] parse error at "
-                                          "line 1, column %d: syntax error while parsing value"
-                                          " - invalid literal; last read: '%s'"
-                                     % (pos + 1, text[pos:pos + 1]), "server_error")
-        if not isinstance(req, dict):
-            return self._llama_error(500, "[json.exception.type_error.306] cannot use value() "
-                                          "with %s" % ("array" if isinstance(req, list)
-                                                       else type(req).__name__),
-                                     "server_error")
+        if self.embeddings:               # PR #8420 (2024-07) to 2025 builds
+            return self._llama_error(501, LLAMA_NO_COMPLETIONS, "not_supported_error")
+        req, refusal = self._llama_parse(body)
+        if refusal:
+            return refusal
         if chat and not isinstance(req.get("messages"), list):
             return self._llama_error(400, "'messages' is required", "invalid_request_error")
         if not chat and "prompt" not in req:
@@ -525,6 +763,9 @@ class OpenAIEmulator(HTTPEmulator):
             return self._llama_error(500, LLAMA_LOAD_FAILED, "server_error")
         if mode == "oom":
             return self._llama_error(500, LLAMA_OOM, "server_error")
+        if mode == "error_in_200":
+            return self._llama_json(200, {"error": {"code": 500, "message": LLAMA_OOM,
+                                                    "type": "server_error"}})
         limit = req.get("max_tokens", req.get("n_predict"))
         if _is_int(limit) and limit > 0:
             n, reason = min(limit, 16), "length"
@@ -570,6 +811,86 @@ class OpenAIEmulator(HTTPEmulator):
             "system_fingerprint": LLAMACPP_BUILD, "timings": timings, "usage": usage})
 
 
+    # -- llama-cpp-python (python -m llama_cpp.server, observed 0.3.36)
+
+    def _lcp_json(self, status, obj):
+        return _Reply(status, _vllm_dumps(obj), VLLM_JSON,
+                      [("x-request-id", uuid.uuid4().hex)])
+
+    def _lcp_error(self, status, message):
+        """error_message_wrapper: an OpenAI error object, code null."""
+        return self._lcp_json(status, {"error": {"message": message,
+                                                 "type": "internal_server_error",
+                                                 "param": None, "code": None}})
+
+    def _lcp_route(self, method, path, headers, body, mode):
+        if self.token is not None and path.startswith("/v1/") \
+                and headers.get("authorization") != "Bearer " + self.token:
+            return self._lcp_json(401, {"detail": "Invalid API key"})
+        methods = _LCP_ROUTES.get(path)
+        if methods is None or (mode == "chat_only" and path == "/v1/completions"):
+            return self._lcp_json(404, {"detail": "Not Found"})
+        if method not in methods or (mode == "completions_405" and path == "/v1/completions"):
+            return self._lcp_json(405, {"detail": "Method Not Allowed"})
+        if path == "/v1/models":
+            names = () if mode == "empty_models" else self.models
+            return self._lcp_json(200, {"object": "list", "data": [
+                {"id": name, "object": "model", "owned_by": "me", "permissions": []}
+                for name in names]})
+        text = body.decode("utf-8", "replace")
+        try:
+            req = json.loads(text)
+        except ValueError:                # malformed JSON: a plain-text 500
+            return _Reply(500, b"Internal Server Error", "text/plain; charset=utf-8")
+        if not isinstance(req, dict):
+            req = {}
+        field = {"/v1/completions": "prompt", "/v1/chat/completions": "messages",
+                 "/v1/embeddings": "input"}.get(path)
+        if field is None:                 # /extras/*: not what a preflight sends
+            return self._lcp_json(200, {"tokens": [], "count": 0})
+        if field not in req and field != "prompt":
+            return self._lcp_error(500, "1 validation error:\n  {'type': 'missing', 'loc': "
+                                        "('body', '%s'), 'msg': 'Field required', 'input': "
+                                        "%r}" % (field, req))
+        name = req.get("model") if isinstance(req.get("model"), str) else None
+        model = name or (self.models[0] if self.models else "model.gguf")
+        if mode in ("engine_dead", "oom"):
+            return self._lcp_error(500, LLAMA_OOM)
+        created = int(time.time())
+        if field == "input":
+            if not self.embeddings:
+                return self._lcp_error(500, LCP_NO_EMBEDDINGS)
+            texts = self._inputs(req["input"])
+            tokens = sum(_prompt_tokens(t) for t in texts)
+            kind = self.kind_of(None)      # the loaded model answers, whatever the name
+            data = [{"object": "embedding", "embedding": [] if mode == "empty_embedding"
+                     else self._shape(kind, model + "\0" + t, 64), "index": i}
+                    for i, t in enumerate(texts)]
+            return self._lcp_json(200, {"object": "list", "data": data, "model": model,
+                                        "usage": {"prompt_tokens": tokens,
+                                                  "total_tokens": tokens}})
+        if mode == "error_in_200":
+            return self._lcp_json(200, {"error": {"message": LLAMA_OOM,
+                                                  "type": "internal_server_error",
+                                                  "param": None, "code": None}})
+        limit = req.get("max_tokens")
+        n = min(limit, 16) if _is_int(limit) and limit > 0 else 16
+        prompt_tokens = (_messages_tokens(req["messages"]) if field == "messages"
+                         else _prompt_tokens(req.get("prompt")))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                 "total_tokens": prompt_tokens + n}
+        if field == "messages":
+            return self._lcp_json(200, {
+                "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion",
+                "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"content": "n" * n, "role": "assistant"},
+                             "logprobs": None, "finish_reason": "length"}], "usage": usage})
+        return self._lcp_json(200, {
+            "id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": created,
+            "model": model, "choices": [{"text": "n" * n, "index": 0, "logprobs": None,
+                                         "finish_reason": "length"}], "usage": usage})
+
+
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
@@ -583,8 +904,17 @@ def main(argv=None):
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--mode", default="healthy", choices=MODE_NAMES, metavar="MODE",
                         help="behaviour, see below (default healthy)")
-    parser.add_argument("--model", action="append", metavar="NAME",
-                        help="a served model name (repeatable; default qwen2.5-0.5b)")
+    parser.add_argument("--model", action="append", metavar="NAME[=KIND]",
+                        help="a served model name, KIND generate (default) or embed "
+                        "(repeatable; default qwen2.5-0.5b)")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="llamacpp: started with --embeddings; llama-cpp-python: "
+                        "with --embedding true")
+    parser.add_argument("--wrong-kind", default="200-nested", choices=WRONG_KIND,
+                        help="vllm: how a request of the wrong kind is answered "
+                        "(default 200-nested)")
+    parser.add_argument("--embedding-shape", default=None, choices=("flat", "nested"),
+                        help="force one vector or one per token in data[].embedding")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
                         help="length of the loading phase of mode loading (default 5)")
     parser.add_argument("--token", default=None, metavar="KEY",
@@ -593,12 +923,18 @@ def main(argv=None):
                         help="apply the mode only to this path (default all)")
     args = parser.parse_args(argv)
     port = DEFAULT_PORTS[args.flavour] if args.port is None else args.port
-    emu = OpenAIEmulator(flavour=args.flavour, mode=args.mode,
-                         models=tuple(args.model or ("qwen2.5-0.5b",)),
-                         load_seconds=args.load_seconds, token=args.token,
-                         host=args.host, port=port, fault_on=args.fault_on)
+    try:
+        emu = OpenAIEmulator(flavour=args.flavour, mode=args.mode,
+                             models=tuple(args.model or ("qwen2.5-0.5b",)),
+                             load_seconds=args.load_seconds, token=args.token,
+                             host=args.host, port=port, fault_on=args.fault_on,
+                             embeddings=args.embeddings, wrong_kind=args.wrong_kind,
+                             embedding_shape=args.embedding_shape)
+    except ValueError as exc:
+        parser.error(str(exc))
     details = "flavour=%s mode=%s models=%s token=%s" % (
-        emu.flavour, emu.mode, ",".join(emu.models) or "none",
+        emu.flavour, emu.mode,
+        ",".join("%s(%s)" % (m, emu.kinds[m]) for m in emu.models) or "none",
         "set" if emu.token is not None else "none")
     return serve_until_signalled(emu, "openai emulator", "cannot bind", details)
 

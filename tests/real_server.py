@@ -25,10 +25,21 @@ TTY, cwd /) under /usr/bin/python3 and under this interpreter:
   f*  the server restarted with --api_key: right token from a 0600 file,
       wrong and missing token (recorded, not asserted; the token must not
       appear in any output, checked)
+  g   the server restarted with --embedding true (embeddings enabled on the
+      same tiny GGUF): --api openai --json -> 0 (its completions still work,
+      so the model is proven by a token; the kind is recorded)
+  g2  the same server behind a loopback proxy that answers POST
+      /v1/completions and /v1/chat/completions as llama-server started with
+      --embeddings does (501 "This server does not support completions. Start
+      it without `--embeddings`") and forwards everything else untouched:
+      -> 0, kind "embed" in --json, and the real server answered the
+      preflight's POST /v1/embeddings (its per-token vectors, a list of lists,
+      as this pooling-less GGUF gives them)
 
 It prints a table (case, python, exit, seconds, reason), stops the server and
-removes its files. Exit status: 0 when b, c, e and e2 hold, 1 when one does
-not, 2 when the environment is unusable (no venv, the server never came up).
+removes its files. Exit status: 0 when b, c, e, e2, g and g2 hold, 1 when one
+does not, 2 when the environment is unusable (no venv, the server never came
+up).
 Stdlib only, Python 3.6+ syntax.
 """
 
@@ -38,16 +49,15 @@ import os
 import re
 import shutil
 import signal
+import socketserver
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-
-try:
-    from urllib.request import urlopen
-    from urllib.error import HTTPError, URLError
-except ImportError:  # pragma: no cover
-    raise
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -129,6 +139,18 @@ class Server(object):
         except (URLError, OSError) as exc:
             return None, str(getattr(exc, "reason", exc))
 
+    def post(self, path, obj, timeout=30.0):
+        """(status, body) of POST path with a JSON body."""
+        request = Request(self.url + path, data=json.dumps(obj).encode(),
+                          headers={"Content-Type": "application/json"})
+        try:
+            resp = urlopen(request, timeout=timeout)
+            return resp.status, resp.read().decode("utf-8", "replace")
+        except HTTPError as exc:
+            return exc.code, exc.read().decode("utf-8", "replace")
+        except (URLError, OSError) as exc:
+            return None, str(getattr(exc, "reason", exc))
+
     def alive(self):
         return self.proc.poll() is None
 
@@ -163,6 +185,85 @@ class Server(object):
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+
+
+class RefusingProxy(object):
+    """A loopback proxy in front of a real server: POST /v1/completions and
+    /v1/chat/completions get llama-server's answer in --embeddings mode (501,
+    the 2024-2025 builds), everything else is forwarded and answered by the
+    server as it is. .seen lists (method, path, status) of what passed."""
+
+    REFUSAL = (b'{"error":{"code":501,"message":"This server does not support '
+               b'completions. Start it without `--embeddings`","type":"not_supported_error"}}')
+    REFUSED = ("/v1/completions", "/v1/chat/completions", "/completions", "/chat/completions")
+
+    def __init__(self, backend):
+        self.backend, self.seen = backend, []
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def relay(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length > 0 else None
+                if self.command == "POST" and self.path.split("?")[0] in proxy.REFUSED:
+                    status, ctype, data = (501, "application/json; charset=utf-8",
+                                           proxy.REFUSAL)
+                else:
+                    headers = dict((k, v) for k, v in self.headers.items()
+                                   if k.lower() in ("content-type", "accept", "authorization"))
+                    request = Request(proxy.backend + self.path, data=body,
+                                      method=self.command, headers=headers)
+                    try:
+                        resp = urlopen(request, timeout=60)
+                        status, ctype, data = (resp.status, resp.headers.get("Content-Type"),
+                                               resp.read())
+                    except HTTPError as exc:
+                        status, ctype, data = (exc.code, exc.headers.get("Content-Type"),
+                                               exc.read())
+                proxy.seen.append((self.command, self.path, status))
+                self.send_response(status)
+                self.send_header("Content-Type", ctype or "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data)
+            do_GET = do_POST = relay
+
+        self.server = _ThreadingServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever)
+        self.thread.daemon = True
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def json_kinds(run):
+    """The kinds in a --json answer's "models" list, or None."""
+    try:
+        return [m.get("kind") for m in json.loads(run.stdout).get("models")]
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def embedding_shape(text):
+    """A summary of a /v1/embeddings answer: data[0].embedding flat or per token."""
+    try:
+        vector = json.loads(text)["data"][0]["embedding"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return text[:200]
+    if vector and isinstance(vector[0], list):
+        return "data[0].embedding: %d per-token vectors of %d" % (len(vector), len(vector[0]))
+    return "data[0].embedding: one vector of %d" % len(vector)
 
 
 class Run(object):
@@ -391,6 +492,39 @@ def main(argv=None):
                     r.verdict = "seen"
                 runs.append(r)
         srv.stop()
+
+        # (g, g2) embeddings enabled: completions still work, so the model is
+        # generative; behind a proxy refusing completions as llama-server
+        # --embeddings does, it must be proven through the real /v1/embeddings.
+        srv = Server(venv, model, work, extra=["--embedding", "true"])
+        servers.append(srv)
+        if not srv.wait_ready():
+            say("the server with --embedding true did not come up; its log:\n%s"
+                % srv.log_tail())
+            return 2
+        status, body = srv.post("/v1/embeddings", {"input": "test"})
+        observed.append("--embedding true: POST /v1/embeddings -> %s %s"
+                        % (status, embedding_shape(body)))
+        status, body = srv.post("/v1/completions", {"prompt": "test", "max_tokens": 1})
+        observed.append("--embedding true: POST /v1/completions -> %s %s" % (status, body[:160]))
+        proxy = RefusingProxy(srv.url)
+        try:
+            for py in pythons:
+                r = preflight("g", py, srv.url, ["--api", "openai", "--json"])
+                check(r, r.code == 0, "expected exit 0 (completions work in embedding mode)")
+                observed.append("g (%s): kinds %s" % (py, json_kinds(r)))
+                runs.append(r)
+
+                before = len(proxy.seen)
+                r = preflight("g2", py, proxy.url, ["--api", "openai", "--json"])
+                answered = ("POST", "/v1/embeddings", 200) in proxy.seen[before:]
+                check(r, r.code == 0 and json_kinds(r) == ["embed"] and answered,
+                      "expected exit 0, kind embed and a POST /v1/embeddings answered 200 "
+                      "by the server (proxy saw %s)" % proxy.seen[before:])
+                runs.append(r)
+        finally:
+            proxy.stop()
+        srv.stop()
     finally:
         for s in servers:
             s.stop()
@@ -412,7 +546,7 @@ def main(argv=None):
         for f in failed:
             say("  " + f)
         return 1
-    say("PASS: b, c, e, e2 hold against llama-cpp-python's server")
+    say("PASS: b, c, e, e2, g, g2 hold against llama-cpp-python's server")
     return 0
 
 

@@ -1,0 +1,618 @@
+"""Issue 11: several models, embedding models and capabilities, proven together.
+
+The real script as a subprocess in cron's environment (support.run_script,
+a real syslog socket) against the Ollama emulator (tests/ollama_emu.py:
+models with kinds and capabilities, answers by server version, a scheduler
+that evicts) and the OpenAI emulator (tests/openai_emu.py). Each test states
+the contract point it proves and asserts the exit status, the reason, the
+syslog line, the requests the server saw and the time against --deadline.
+"""
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import support
+from ollama_emu import Emulator, Model, _canonical_model
+from openai_emu import OpenAIEmulator
+from test_contract import SLACK, ContractCase
+from test_job import strict_parse
+
+#: What the capability names of Ollama are (types/model/capability.go).
+KNOWN_CAPABILITIES = ("completion", "tools", "insert", "vision", "embedding", "thinking",
+                      "image", "audio")
+#: Ollama releases the tests answer as: capabilities in /api/tags (>= 0.30.0),
+#: only in /api/show (>= 0.6.4), none (with /api/embed), none and no /api/embed.
+NEW, MID, OLD, OLDER = "0.32.15", "0.12.3", "0.5.7", "0.2.1"
+DEADLINE = 20
+WARMUPS = ("/api/generate", "/api/chat", "/api/embed", "/api/embeddings")
+
+
+def qwen(caps=("completion", "tools", "thinking"), **kwargs):
+    return Model("qwen3:latest", "generate", list(caps), size=5200000000, **kwargs)
+
+
+def llama(caps=("completion", "tools"), **kwargs):
+    return Model("llama3.2:latest", "generate", list(caps), size=2019393189, **kwargs)
+
+
+def nomic(**kwargs):
+    return Model("nomic-embed-text:latest", "embed", **kwargs)
+
+
+def canon(name):
+    return _canonical_model(name) if isinstance(name, str) else name
+
+
+def refuse(emu, model):
+    """What this server answers /api/generate for model (the scenario's premise)."""
+    request = urllib.request.Request(
+        emu.url + "/api/generate", method="POST",
+        data=json.dumps({"model": model, "prompt": "test", "stream": False}).encode())
+    try:
+        urllib.request.urlopen(request, timeout=5).read()
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read().decode("utf-8"))["error"]
+    return None
+
+
+class ModelsCase(ContractCase):
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.dir = tempfile.mkdtemp(prefix="gpfl-models-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def ollama(self, *models, **kwargs):
+        """An Ollama emulator with these models, none loaded, cold loads of 0.2 s."""
+        kwargs.setdefault("loaded", ())
+        kwargs.setdefault("load_seconds", 0.2)
+        emu = Emulator(models=models, **kwargs).start()
+        self.addCleanup(emu.stop)
+        return emu
+
+    def openai(self, flavour="vllm", **kwargs):
+        emu = OpenAIEmulator(flavour=flavour, **kwargs).start()
+        self.addCleanup(emu.stop)
+        return emu
+
+    def check(self, url, *args, **kwargs):
+        """The script against url with --timeout 5 --deadline 20 unless args say."""
+        args = list(args)
+        cut = args.index("--") if "--" in args else len(args)
+        for flag, value in (("--timeout", "5"), ("--deadline", str(DEADLINE))):
+            if flag not in args[:cut]:
+                args[:0] = [flag, value]
+        return self.run_gp(["--host", url] + args, env=kwargs.get("env"))
+
+    def verdict(self, res, code, *texts, **kwargs):
+        """Exit status, silence under cron (unless --json), time, and the syslog line
+        with this code and every text in its reason; the line's fields."""
+        self.assertEqual(res.code, code, res)
+        if kwargs.get("quiet", True):
+            self.assertEqual((res.stdout, res.stderr), ("", ""), "not silent under cron")
+        self.assertLess(res.elapsed, kwargs.get("deadline", DEADLINE) + SLACK, res)
+        priority, fields = self.log()
+        self.assertEqual(priority, 8 + (6 if code == 0 else 3 if code in (70, 78) else 4))
+        self.assertEqual((fields["result"], fields["code"]),
+                         ("ready" if code == 0 else "skip", str(code)))
+        for text in texts:
+            self.assertIn(text, fields["reason"])
+        return fields
+
+    def drain(self):
+        """Forget syslog lines of an earlier run (a subtest that failed left its own)."""
+        self.sink.messages(wait=0.01)
+
+    def json_models(self, res):
+        """The "models" list of a --json answer."""
+        doc = json.loads(res.stdout)
+        self.assertIn("models", doc, "no \"models\" in --json: %r" % sorted(doc))
+        return doc["models"]
+
+    def assertModelsField(self, fields, *entries):
+        """models="NAME KIND MSms, ..." with these (name, kind) in this order."""
+        self.assertIn("models", fields, "no models= field in the log line: %r" % fields)
+        parts = fields["models"].split(", ")
+        self.assertEqual(len(parts), len(entries), fields["models"])
+        for part, (name, kind) in zip(parts, entries):
+            self.assertRegex(part, r"^%s %s \d+ms$" % (re.escape(name), kind))
+
+    def warmups(self, emu):
+        """(path, model as Ollama means it, status) of every warm-up request, in order."""
+        return [(r.path, canon(r.model), r.status) for r in emu.posts(*WARMUPS)]
+
+    def assertOneLatePs(self, emu):
+        """No GET /api/ps while a warm-up was in flight, and one after the last."""
+        self.assertEqual(emu.ps_during_warmup, [], "GET /api/ps sent during a warm-up")
+        warm = emu.posts(*WARMUPS)
+        self.assertTrue(warm)
+        last = max(r.ended for r in warm)
+        late = [r for r in emu.requests if r.path == "/api/ps" and r.started >= last]
+        self.assertEqual(len(late), 1, [(r.path, r.started) for r in emu.requests])
+
+    def assertOneAfterAnother(self, emu):
+        """Warm-ups never overlap: each starts after the one before answered."""
+        warm = emu.posts(*WARMUPS)
+        for before, after in zip(warm, warm[1:]):
+            self.assertGreaterEqual(after.started, before.ended, "warm-ups overlap")
+
+
+class SeveralOllamaModelsTest(ModelsCase):
+    def test_two_generative_models_that_fit_together_are_ready(self):
+        """--model repeatable; warmed one after another; one /api/ps lists both."""
+        emu = self.ollama(qwen(), llama(), vram_mib=16384)
+        fields = self.verdict(self.check(emu.url, "--model", "qwen3", "--model", "llama3.2"), 0)
+        self.assertEqual(fields["model"], "qwen3:latest")          # the first model
+        self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                               ("llama3.2:latest", "generate"))
+        self.assertEqual(self.warmups(emu), [("/api/generate", "qwen3:latest", 200),
+                                             ("/api/generate", "llama3.2:latest", 200)])
+        self.assertOneAfterAnother(emu)
+        self.assertOneLatePs(emu)
+        self.assertEqual((emu.evictions, emu.loaded),
+                         ([], {"qwen3:latest", "llama3.2:latest"}))
+
+    def test_chat_and_embedding_model_kinds_from_api_tags(self):
+        """>= 0.30: the kind from /api/tags capabilities, no /api/show; the embedding
+        model warmed by POST /api/embed {"model", "input": "test"} and nothing else."""
+        emu = self.ollama(qwen(), nomic(), version=NEW)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text")
+        fields = self.verdict(res, 0)
+        self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                               ("nomic-embed-text:latest", "embed"))
+        self.assertEqual(self.warmups(emu), [("/api/generate", "qwen3:latest", 200),
+                                             ("/api/embed", "nomic-embed-text:latest", 200)])
+        body = dict(emu.posts("/api/embed")[0].body)
+        self.assertEqual(canon(body.pop("model")), "nomic-embed-text:latest")
+        self.assertEqual(body, {"input": "test"})
+        self.assertEqual(emu.count("POST", "/api/show"), 0, "/api/tags said the kinds")
+        self.assertOneAfterAnother(emu)
+        self.assertOneLatePs(emu)
+
+    def test_kinds_from_api_show_on_a_server_without_them_in_tags(self):
+        """0.6.4 to 0.29: POST /api/show says each model's kind before anything is
+        sent to it; no generate request reaches the embedding model."""
+        emu = self.ollama(qwen(), nomic(), version=MID)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text")
+        fields = self.verdict(res, 0)
+        self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                               ("nomic-embed-text:latest", "embed"))
+        self.assertEqual(self.warmups(emu), [("/api/generate", "qwen3:latest", 200),
+                                             ("/api/embed", "nomic-embed-text:latest", 200)])
+        for name in ("qwen3:latest", "nomic-embed-text:latest"):
+            shows = [r for r in emu.posts("/api/show")
+                     if canon(r.body.get("model") or r.body.get("name")) == name]
+            first = [r for r in emu.posts(*WARMUPS) if canon(r.model) == name][0]
+            self.assertTrue(shows and shows[0].ended <= first.started,
+                            "no /api/show for %s before its warm-up" % name)
+        self.assertOneLatePs(emu)
+
+    def test_kind_from_the_refusal_on_a_server_without_capabilities(self):
+        """< 0.6.4: '"M" does not support generate' means an embedding model: it is
+        warmed as one, the run does not fail, and an empty input is never the proof."""
+        emu = self.ollama(qwen(), nomic(), version=OLD)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text")
+        fields = self.verdict(res, 0)
+        self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                               ("nomic-embed-text:latest", "embed"))
+        nomic_calls = [w for w in self.warmups(emu) if w[1] == "nomic-embed-text:latest"]
+        self.assertEqual(nomic_calls, [("/api/generate", "nomic-embed-text:latest", 400),
+                                       ("/api/embed", "nomic-embed-text:latest", 200)])
+        self.assertEqual([r.body["input"] for r in emu.posts("/api/embed")], ["test"])
+        self.assertOneLatePs(emu)
+
+    def test_legacy_api_embeddings_on_servers_without_api_embed(self):
+        """< 0.2.6: /api/embed is 404, so POST /api/embeddings {"model", "prompt":
+        "test"}; both refusal texts of those releases mean an embedding model."""
+        for version, refusal in (("0.2.1", "nomic-embed-text:latest does not support "
+                                           "generate"),
+                                 ("0.1.48", "embedding models do not support generate")):
+            with self.subTest(version=version):
+                self.drain()
+                emu = self.ollama(qwen(), nomic(), version=version, max_loaded=3)
+                res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text")
+                fields = self.verdict(res, 0)
+                self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                                       ("nomic-embed-text:latest", "embed"))
+                self.assertEqual([w for w in self.warmups(emu) if w[0] != "/api/generate"],
+                                 [("/api/embed", "nomic-embed-text:latest", 404),
+                                  ("/api/embeddings", "nomic-embed-text:latest", 200)])
+                body = dict(emu.posts("/api/embeddings")[0].body)
+                self.assertEqual(canon(body.pop("model")), "nomic-embed-text:latest")
+                self.assertEqual(body, {"prompt": "test"})
+                generate = [r.status for r in emu.posts("/api/generate")
+                            if canon(r.model) == "nomic-embed-text:latest"]
+                self.assertEqual(generate, [400])
+                self.assertOneLatePs(emu)
+                self.assertEqual(refuse(emu, "nomic-embed-text:latest"), refusal)
+
+    def test_keep_alive_and_options_go_with_the_embedding_warmup(self):
+        """--keep-alive and --ollama-option reach /api/embed as they reach generate."""
+        emu = self.ollama(qwen(), nomic(), version=NEW)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
+                         "--keep-alive", "10m", "--ollama-option", "num_ctx=2048")
+        self.verdict(res, 0)
+        body = emu.posts("/api/embed")[0].body
+        self.assertEqual((body["input"], body["keep_alive"]), ("test", "10m"))
+        options = dict(body["options"])
+        options.pop("num_predict", None)           # harmless on an embedding model
+        self.assertEqual(options, {"num_ctx": 2048})
+        self.assertEqual(emu.posts("/api/generate")[0].body["options"],
+                         {"num_ctx": 2048, "num_predict": 1})
+
+    def test_one_model_without_model_flags_is_as_before(self):
+        """No --model: one model chosen as today; --json "models" has one entry."""
+        emu = self.ollama(llama(), qwen(), loaded=("llama3.2:latest",))
+        res = self.check(emu.url, "--json")
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(json.loads(res.stdout)["model"], "llama3.2:latest")
+        models = self.json_models(res)
+        self.assertEqual([(m["name"], m["kind"]) for m in models],
+                         [("llama3.2:latest", "generate")])
+        self.assertEqual(self.warmups(emu), [("/api/generate", "llama3.2:latest", 200)])
+        fields = self.verdict(res, 0, quiet=False)
+        self.assertNotIn("models", fields)          # only with more than one model
+
+
+class EvictionTest(ModelsCase):
+    def test_a_model_unloaded_by_the_next_is_temporary_and_named(self):
+        """One /api/ps after the warm-ups lacks a model: 75 naming it, the likely
+        causes and the fix; /api/ps never read during a warm-up."""
+        cases = (("OLLAMA_MAX_LOADED_MODELS=1", dict(max_loaded=1), "max_loaded"),
+                 ("VRAM for one", dict(vram_mib=6144), "vram"),
+                 ("0.1.48 loads one at a time", dict(version="0.1.48"), "max_loaded"))
+        for label, kwargs, cause in cases:
+            with self.subTest(case=label):
+                self.drain()
+                emu = self.ollama(qwen(), llama(), **kwargs)
+                res = self.check(emu.url, "--model", "qwen3", "--model", "llama3.2")
+                self.verdict(res, 75, "qwen3:latest", "OLLAMA_MAX_LOADED_MODELS", "VRAM")
+                self.assertEqual(emu.evictions, [("qwen3:latest", "llama3.2:latest", cause)])
+                self.assertEqual(emu.loaded, {"llama3.2:latest"})
+                self.assertOneLatePs(emu)
+
+    def test_json_says_which_model_is_resident(self):
+        """--json "models": resident false and size_vram null for the evicted one."""
+        emu = self.ollama(qwen(), nomic(), max_loaded=1)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text", "--json")
+        self.assertEqual(res.code, 75, res)
+        entries = dict((m["name"], m) for m in self.json_models(res))
+        self.assertEqual(sorted(entries), ["nomic-embed-text:latest", "qwen3:latest"])
+        self.assertIs(entries["qwen3:latest"]["resident"], False)
+        self.assertIsNone(entries["qwen3:latest"]["size_vram"])
+        self.assertIs(entries["nomic-embed-text:latest"]["resident"], True)
+        self.assertEqual(entries["nomic-embed-text:latest"]["size_vram"], 274302450)
+        self.verdict(res, 75, "qwen3:latest", quiet=False)
+
+    def test_cpu_fallback_and_partial_offload_are_judged_per_model(self):
+        """size_vram 0 of any one model: 69 naming it (--allow-cpu: 0); a partial
+        offload of one is a note on a ready run."""
+        emu = self.ollama(qwen(), nomic(gpu_pct=0))
+        args = ("--model", "qwen3", "--model", "nomic-embed-text")
+        self.verdict(self.check(emu.url, *args), 69, "nomic-embed-text:latest", "CPU")
+        emu = self.ollama(qwen(), nomic(gpu_pct=0))
+        self.verdict(self.check(emu.url, "--allow-cpu", *args), 0)
+        emu = self.ollama(qwen(gpu_pct=45), nomic())
+        self.verdict(self.check(emu.url, *args), 0, "partial offload")
+
+
+class MissingAndBadModelsTest(ModelsCase):
+    def test_every_missing_model_is_named_and_nothing_is_warmed(self):
+        emu = self.ollama(qwen(), nomic())
+        res = self.check(emu.url, "--model", "qwen3", "--model", "mistral",
+                         "--model", "bge-m3")
+        self.verdict(res, 78, "mistral", "bge-m3")
+        self.assertEqual(emu.posts(*WARMUPS), [])
+
+    def test_model_lists_from_the_environment_and_the_config_file(self):
+        """GPU_PREFLIGHT_MODEL and the config key model: comma-separated lists."""
+        emu = self.ollama(qwen(), nomic(), llama())
+        env = support.cron_env(GPU_PREFLIGHT_MODEL="qwen3,nomic-embed-text")
+        fields = self.verdict(self.check(emu.url, env=env), 0)
+        self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                               ("nomic-embed-text:latest", "embed"))
+        conf = os.path.join(self.dir, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\nmodel = llama3.2, nomic-embed-text\n")
+        fields = self.verdict(self.check(emu.url, "--config", conf), 0)
+        self.assertModelsField(fields, ("llama3.2:latest", "generate"),
+                               ("nomic-embed-text:latest", "embed"))
+        env = support.cron_env(GPU_PREFLIGHT_MODEL="qwen3,mistral,bge-m3")
+        self.verdict(self.check(emu.url, env=env), 78, "mistral", "bge-m3")
+
+    def test_empty_and_duplicate_model_names(self):
+        """Flags: 64 on stderr. Environment and config file: 78, logged, stage config."""
+        emu = self.ollama(qwen(), nomic())
+        for args in (["--model", ""], ["--model", "qwen3", "--model", " "],
+                     ["--model", "qwen3", "--model", "qwen3"],
+                     ["--model", "qwen3", "--model", "qwen3:latest"]):
+            with self.subTest(args=args):
+                self.drain()
+                res = self.check(emu.url, *args)
+                self.assertEqual((res.code, res.stdout), (64, ""), res)
+                self.assertEqual(len(res.stderr.splitlines()), 1, res.stderr)
+                self.assertIn("model", res.stderr)
+        for value in ("qwen3,qwen3", "qwen3,,nomic-embed-text", "qwen3, qwen3:latest"):
+            with self.subTest(env=value):
+                self.drain()
+                res = self.check(emu.url, env=support.cron_env(GPU_PREFLIGHT_MODEL=value))
+                fields = self.verdict(res, 78, "GPU_PREFLIGHT_MODEL")
+                self.assertEqual(fields["stage"], "config")
+        self.drain()
+        conf = os.path.join(self.dir, "dup.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\nmodel = nomic-embed-text, nomic-embed-text\n")
+        fields = self.verdict(self.check(emu.url, "--config", conf), 78, "model")
+        self.assertEqual(fields["stage"], "config")
+        self.assertEqual(emu.posts(*WARMUPS), [])
+
+
+class CapabilityTest(ModelsCase):
+    def test_required_capability_declared_by_the_chat_model(self):
+        """--require CAP applies to the generative models only (the embedding model
+        has no tools and needs none); --require MODEL=CAP,CAP to one model."""
+        for version in (NEW, MID):
+            with self.subTest(version=version):
+                self.drain()
+                emu = self.ollama(qwen(), nomic(), version=version)
+                args = ("--model", "qwen3", "--model", "nomic-embed-text")
+                fields = self.verdict(self.check(emu.url, *(args + ("--require", "tools"))), 0)
+                self.assertModelsField(fields, ("qwen3:latest", "generate"),
+                                       ("nomic-embed-text:latest", "embed"))
+                self.verdict(self.check(emu.url, *(args + ("--require", "qwen3=tools,thinking",
+                                                           "--require", "tools"))), 0)
+
+    def test_a_missing_capability_names_the_model_and_the_capability(self):
+        for version in (NEW, MID):
+            with self.subTest(version=version):
+                self.drain()
+                emu = self.ollama(llama(caps=("completion",)), nomic(), qwen(),
+                                  version=version)
+                res = self.check(emu.url, "--model", "llama3.2", "--model",
+                                 "nomic-embed-text", "--require", "tools")
+                self.verdict(res, 78, "llama3.2", "tools")
+                res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
+                                 "--require", "qwen3=vision")
+                self.verdict(res, 78, "qwen3", "vision")
+
+    def test_a_server_without_capabilities_is_noted_not_failed(self):
+        """< 0.6.4 reports no capabilities: ready, with a problem= note."""
+        emu = self.ollama(llama(caps=("completion",)), nomic(), version=OLD)
+        res = self.check(emu.url, "--model", "llama3.2", "--model", "nomic-embed-text",
+                         "--require", "tools")
+        fields = self.verdict(res, 0)
+        self.assertIn("problem", fields, fields)
+        self.assertIn("capabilit", fields["problem"])
+
+    def test_an_unknown_capability_is_a_usage_error_listing_the_known_ones(self):
+        emu = self.ollama(qwen(), nomic())
+        for value in ("teleport", "qwen3=tools,teleport", "tools,"):
+            with self.subTest(require=value):
+                self.drain()
+                res = self.check(emu.url, "--model", "qwen3", "--require", value)
+                self.assertEqual((res.code, res.stdout), (64, ""), res)
+                self.assertEqual(len(res.stderr.splitlines()), 1, res.stderr)
+                for name in KNOWN_CAPABILITIES:
+                    self.assertIn(name, res.stderr)
+        self.assertEqual(emu.requests, [])
+
+
+class EmbeddingProofTest(ModelsCase):
+    def test_an_embedding_answer_without_a_vector_is_unavailable(self):
+        """embeddings[0] must be a non-empty list of numbers (a load-only answer,
+        {"embeddings":[]}, proves nothing): 69 naming the field."""
+        for mode in ("empty_embedding", "empty_vector"):
+            with self.subTest(mode=mode):
+                self.drain()
+                emu = self.ollama(qwen(), nomic(), mode=mode)
+                res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text")
+                self.verdict(res, 69, "embeddings")
+        self.drain()
+        emu = self.ollama(qwen(), nomic(), mode="empty_embedding", version=OLDER)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text")
+        self.verdict(res, 69, "embedding")
+
+    def test_deadline_holds_with_a_cold_second_model(self):
+        """All warm-ups within --deadline: the cold one is cut, named, and its load
+        aborted (the client left)."""
+        emu = self.ollama(qwen(), nomic(load_seconds=30), loaded=("qwen3:latest",))
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
+                         "--timeout", "10", "--deadline", "3")
+        self.verdict(res, 75, "nomic-embed-text", "deadline of 3s", deadline=3)
+        time.sleep(0.3)
+        self.assertNotIn("nomic-embed-text:latest", emu.loaded)
+
+    def test_each_model_within_timeout(self):
+        emu = self.ollama(qwen(load_seconds=0.5), nomic(load_seconds=30))
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
+                         "--timeout", "2")
+        self.verdict(res, 75, "nomic-embed-text", "timed out after 2s", deadline=2 + 2)
+        self.assertIn("qwen3:latest", emu.loaded)
+
+
+class AgentJobTest(ModelsCase):
+    def test_done_when_the_job_runs_only_when_all_holds(self):
+        """gpu_preflight --model qwen3 --model nomic-embed-text --require tools -- JOB:
+        JOB runs only when both answered, sit in VRAM together and qwen3 has tools."""
+        marker = os.path.join(self.dir, "ran")
+        job = ["--", "/bin/sh", "-c", "echo ran >> '%s'" % marker]
+        args = ["--model", "qwen3", "--model", "nomic-embed-text", "--require", "tools"]
+        cases = (("ready", (qwen(), nomic()), {}, 0, ()),
+                 ("no tools", (qwen(caps=("completion",)), nomic()), {}, 78, ("tools",)),
+                 ("evicted", (qwen(), nomic()), {"max_loaded": 1}, 75, ("qwen3:latest",)),
+                 ("not pulled", (qwen(),), {}, 78, ("nomic-embed-text",)))
+        for label, models, kwargs, code, texts in cases:
+            with self.subTest(case=label):
+                self.drain()
+                if os.path.exists(marker):
+                    os.unlink(marker)
+                emu = self.ollama(*models, **kwargs)
+                res = self.check(emu.url, *(args + job))
+                self.verdict(res, code, *texts)
+                self.assertEqual(os.path.exists(marker), code == 0, label)
+
+
+class ResultAndMetricsTest(ModelsCase):
+    def test_metrics_carry_the_model_list_and_one_warmup_family_per_model(self):
+        metrics = os.path.join(self.dir, "gpu.prom")
+        emu = self.ollama(qwen(), nomic())
+        res = self.check(emu.url, "--model", "qwen3:latest", "--model",
+                         "nomic-embed-text:latest", "--metrics-file", metrics,
+                         "--state-dir", os.path.join(self.dir, "state"))
+        self.verdict(res, 0)
+        with open(metrics) as handle:
+            families = strict_parse(handle.read())
+        labels = 'host="%s",model="qwen3:latest,nomic-embed-text:latest"' % emu.url
+        self.assertEqual(families["gpu_preflight_ready"], [(labels, "1")])
+        self.assertEqual(families["gpu_preflight_exit_code"], [(labels, "0")])
+        samples = families.get("gpu_preflight_model_warmup_seconds")
+        self.assertIsNotNone(samples, "no gpu_preflight_model_warmup_seconds family")
+        found = []
+        for text, value in samples:
+            pairs = dict(re.findall(r'(\w+)="([^"]*)"', text))
+            found.append((pairs.get("host"), pairs.get("model"), pairs.get("kind")))
+            self.assertGreaterEqual(float(value), 0.0)
+        self.assertEqual(sorted(found), sorted([
+            (emu.url, "qwen3:latest", "generate"),
+            (emu.url, "nomic-embed-text:latest", "embed")]))
+
+    def test_json_entries_carry_kind_capabilities_and_placement(self):
+        emu = self.ollama(qwen(), nomic(), version=NEW)
+        res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text", "--json")
+        self.assertEqual((res.code, res.stderr), (0, ""), res)
+        models = self.json_models(res)
+        self.assertEqual([(m["name"], m["kind"]) for m in models],
+                         [("qwen3:latest", "generate"), ("nomic-embed-text:latest", "embed")])
+        for entry in models:
+            self.assertLessEqual({"name", "kind", "capabilities", "warmup_ms", "resident",
+                                  "size_vram", "reason"}, set(entry), entry)
+            self.assertIsInstance(entry["warmup_ms"], (int, float))
+            self.assertIs(entry["resident"], True)
+        self.assertEqual(models[0]["capabilities"], ["completion", "tools", "thinking"])
+        self.assertEqual(models[1]["capabilities"], ["embedding"])
+        self.assertEqual((models[0]["size_vram"], models[1]["size_vram"]),
+                         (5200000000, 274302450))
+        self.verdict(res, 0, quiet=False)
+        old = self.ollama(qwen(), nomic(), version=OLD)
+        res = self.check(old.url, "--model", "qwen3", "--model", "nomic-embed-text", "--json")
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual([m["capabilities"] for m in self.json_models(res)], [None, None])
+        self.log()
+
+    def test_a_shared_verdict_covers_the_model_list_and_the_requirements(self):
+        emu = self.ollama(qwen(), nomic(), llama())
+        base = ["--state-dir", os.path.join(self.dir, "state"), "--share-result", "60"]
+        both = ["--model", "qwen3", "--model", "nomic-embed-text"]
+        self.verdict(self.check(emu.url, *(base + both)), 0)
+        for other in (["--model", "qwen3"], both + ["--model", "llama3.2"],
+                      both + ["--require", "tools"]):
+            with self.subTest(args=other):
+                self.drain()
+                sent = len(emu.posts(*WARMUPS))
+                fields = self.verdict(self.check(emu.url, *(base + other)), 0)
+                self.assertNotEqual(fields.get("shared"), "reused")
+                self.assertGreater(len(emu.posts(*WARMUPS)), sent)
+        self.drain()
+        sent = len(emu.requests)
+        fields = self.verdict(self.check(emu.url, *(base + both)), 0)
+        self.assertEqual(fields.get("shared"), "reused")
+        self.assertEqual(len(emu.requests), sent)
+
+
+class OpenAIModelsTest(ModelsCase):
+    def check_openai(self, emu, *args):
+        return self.check(emu.url, "--api", "openai", *args)
+
+    def test_completion_and_embedding_models_by_the_wrong_kind_text(self):
+        """Every --model in /v1/models; the generative one proven by a 1-token
+        completion, the embedding one (its completion answered with vLLM's "does not
+        support Completions API", whatever the status) by POST /v1/embeddings."""
+        for era in ("200-nested", "200-flat", "501"):
+            with self.subTest(vllm=era):
+                self.drain()
+                emu = self.openai(models=("qwen2.5-0.5b", "bge-m3=embed"), wrong_kind=era)
+                res = self.check_openai(emu, "--model", "qwen2.5-0.5b", "--model", "bge-m3")
+                fields = self.verdict(res, 0)
+                self.assertModelsField(fields, ("qwen2.5-0.5b", "generate"),
+                                       ("bge-m3", "embed"))
+                posts = emu.posts()
+                self.assertEqual([(p, b["model"]) for p, b in posts], [
+                    ("/v1/completions", "qwen2.5-0.5b"), ("/v1/completions", "bge-m3"),
+                    ("/v1/embeddings", "bge-m3")])
+                self.assertEqual(posts[0][1]["max_tokens"], 1)
+                self.assertEqual(posts[2][1], {"model": "bge-m3", "input": "test"})
+                self.assertEqual(emu.count("GET", "/v1/models"), 1)
+
+    def test_chat_completions_when_the_server_has_no_completions(self):
+        """/v1/completions 404 or 405: one user message "test", max_tokens 1."""
+        for mode, status in (("chat_only", 404), ("completions_405", 405)):
+            with self.subTest(mode=mode):
+                self.drain()
+                emu = self.openai(mode=mode)
+                res = self.check_openai(emu, "--model", "qwen2.5-0.5b")
+                self.verdict(res, 0)
+                posts = emu.posts()
+                self.assertEqual([p for p, _ in posts],
+                                 ["/v1/completions", "/v1/chat/completions"])
+                chat = dict(posts[1][1])
+                if chat.get("stream") is False:
+                    del chat["stream"]
+                self.assertEqual(chat, {"model": "qwen2.5-0.5b", "max_tokens": 1, "messages": [
+                    {"role": "user", "content": "test"}]})
+
+    def test_llama_server_in_embeddings_mode(self):
+        """llama-server --embeddings answers completions 501 "does not support
+        completions": the model is proven through /v1/embeddings."""
+        emu = self.openai("llamacpp", models=("bge-m3=embed",), embeddings=True)
+        res = self.check_openai(emu, "--model", "bge-m3", "--json")
+        self.assertEqual((res.code, res.stderr), (0, ""), res)
+        self.assertEqual([(m["name"], m["kind"]) for m in self.json_models(res)],
+                         [("bge-m3", "embed")])
+        self.assertEqual([p for p, _ in emu.posts()], ["/v1/completions", "/v1/embeddings"])
+        self.assertEqual(emu.posts()[1][1], {"model": "bge-m3", "input": "test"})
+        self.verdict(res, 0, quiet=False)
+
+    def test_a_list_of_per_token_vectors_counts(self):
+        """data[0].embedding as a list of lists (pooling none) is a proof too."""
+        emu = self.openai(models=("bge-m3=embed",), embedding_shape="nested")
+        self.verdict(self.check_openai(emu, "--model", "bge-m3"), 0)
+        self.assertEqual([p for p, _ in emu.posts()], ["/v1/completions", "/v1/embeddings"])
+
+    def test_an_empty_embedding_is_unavailable(self):
+        emu = self.openai(models=("qwen2.5-0.5b", "bge-m3=embed"), mode="empty_embedding")
+        res = self.check_openai(emu, "--model", "qwen2.5-0.5b", "--model", "bge-m3")
+        self.verdict(res, 69, "embedding")
+
+    def test_a_200_whose_body_is_an_error_is_a_failure(self):
+        """vLLM answered errors with status 200 for a while: never ready."""
+        emu = self.openai(mode="error_in_200")
+        res = self.check_openai(emu, "--model", "qwen2.5-0.5b")
+        self.verdict(res, 75, "out of memory")
+
+    def test_every_missing_model_is_named(self):
+        emu = self.openai(models=("qwen2.5-0.5b",))
+        res = self.check_openai(emu, "--model", "qwen2.5-0.5b", "--model", "bge-m3",
+                                "--model", "e5-large")
+        self.verdict(res, 78, "bge-m3", "e5-large")
+        self.assertEqual(emu.posts(), [])
+
+    def test_llama_cpp_python_with_embeddings_on_proves_a_generative_model_by_completion(self):
+        """llama-cpp-python started with --embedding true still completes: the model
+        is generative and /v1/embeddings is not needed (the real-server case)."""
+        emu = self.openai("llama-cpp-python", models=("tiny",), embeddings=True)
+        res = self.check_openai(emu, "--model", "tiny", "--json")
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual([(m["name"], m["kind"]) for m in self.json_models(res)],
+                         [("tiny", "generate")])
+        self.assertEqual([p for p, _ in emu.posts()], ["/v1/completions"])
+        self.verdict(res, 0, quiet=False)
+
+
+if __name__ == "__main__":
+    import unittest
+    unittest.main()
