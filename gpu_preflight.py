@@ -39,19 +39,15 @@ __version__ = "0.1.0"
 import argparse
 import contextlib
 import errno
-import http.client
 import json
 import os
 import re
 import signal
 import socket
-import ssl
 import stat
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 # ---- Constants --------------------------------------------------------------
 
@@ -682,6 +678,9 @@ def classify_answer(what, status, body, api="ollama"):
 
 def classify_exception(exc, what, url, api="ollama"):
     """(exit status, reason) for a network failure, or raise TimedOut."""
+    import http.client          # loaded already: a request was made
+    import ssl
+    import urllib.error
     if isinstance(exc, urllib.error.URLError) and not isinstance(
             exc, urllib.error.HTTPError):
         exc = exc.reason if isinstance(exc.reason, BaseException) else exc
@@ -1144,6 +1143,7 @@ def tls_context(opts):
     --cafile, or no verification at all with --insecure."""
     if not opts.host.startswith("https://"):
         return None
+    import ssl
     if opts.insecure:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.check_hostname = False
@@ -1660,32 +1660,6 @@ GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", pro
 
 # ---- HTTP collector: urllib, no proxy for loopback, bounded reads -----------
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are reported, never followed (they can leak to other hosts)."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-class _AsciiHostConnection(http.client.HTTPConnection):
-    """Resolves an ASCII host name as bytes: a str makes socket load the idna
-    codec, 3 ms of a run that is otherwise about 20 ms over its imports."""
-
-    def connect(self):
-        host = self.host
-        if isinstance(host, str) and all(ord(c) < 128 for c in host):
-            self.host = host.encode("ascii")
-        try:
-            http.client.HTTPConnection.connect(self)
-        finally:
-            self.host = host
-
-
-class _HTTPHandler(urllib.request.HTTPHandler):
-    def http_open(self, req):
-        return self.do_open(_AsciiHostConnection, req)
-
-
 class Client(object):
     """Talks to one base URL; every call returns bytes or raises Fail/TimedOut."""
 
@@ -1699,22 +1673,18 @@ class Client(object):
                         "Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = "Bearer " + token
-        handlers = [_NoRedirect(), _HTTPHandler()]
-        if context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=context))
-        if is_loopback(host):
-            handlers.append(urllib.request.ProxyHandler({}))
-        self.opener = urllib.request.build_opener(*handlers)
+        self.opener = http_opener(context, is_loopback(host))
 
     def call(self, method, path, budget, payload=None):
         """The body of a 2xx answer to METHOD path, read within limits."""
         what = "%s %s" % (method, path)
+        from urllib.error import HTTPError
+        from urllib.request import Request
         data = None if payload is None else json.dumps(payload).encode("ascii")
-        request = urllib.request.Request(self.base + path, data=data, method=method,
-                                         headers=self.headers)
+        request = Request(self.base + path, data=data, method=method, headers=self.headers)
         try:
             answer = self.opener.open(request, timeout=budget)
-        except urllib.error.HTTPError as exc:
+        except HTTPError as exc:
             body = self._read(exc, MAX_ERROR_BODY, what, allow_short=True)
             if 300 <= exc.code < 400:
                 raise Fail(EX_CONFIG, "%s: redirected (%d) to %s; give --host the "
@@ -1766,6 +1736,41 @@ class Client(object):
                        "object" % ("OpenAI-compatible" if self.api == "openai"
                                    else "Ollama", method, path))
         return doc
+
+
+def http_opener(context, loopback):
+    """urllib's opener for the checks: redirects reported, never followed
+    (they can leak the token to other hosts); an ASCII host resolved as bytes
+    (a str makes socket load the idna codec, 3 ms); TLS as tls_context()
+    says; no proxy for a loopback host. urllib, http.client and ssl load
+    here, so that a run that sends nothing never loads them."""
+    import http.client
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None
+
+    class AsciiHostConnection(http.client.HTTPConnection):
+        def connect(self):
+            host = self.host
+            if isinstance(host, str) and all(ord(c) < 128 for c in host):
+                self.host = host.encode("ascii")
+            try:
+                http.client.HTTPConnection.connect(self)
+            finally:
+                self.host = host
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(AsciiHostConnection, req)
+
+    handlers = [NoRedirect(), HTTPHandler()]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    if loopback:
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
 
 
 def not_json(what, body, exc=None):
