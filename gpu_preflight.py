@@ -149,6 +149,9 @@ STAGE_WHAT = {
     "health": "GET /health",
     "models": "GET /v1/models",
     "completion": "POST /v1/completions",
+    "chat": "POST /v1/chat/completions",
+    "embedding": "POST /v1/embeddings",
+    "show": "POST /api/show",
     "tags": "GET /api/tags",
     "loaded": "GET /api/ps",
     "warmup": "POST /api/generate",
@@ -218,12 +221,13 @@ class ConfigError(Exception):
 class Fail(Exception):
     """A stage ended the run with an exit status and a reason."""
 
-    def __init__(self, code, reason, stage=None, status=None):
+    def __init__(self, code, reason, stage=None, status=None, detail=None):
         Exception.__init__(self, reason)
         self.code = code
         self.reason = reason
         self.stage = stage
         self.status = status        # the HTTP status, when there was one
+        self.detail = detail        # and the server's own message
 
 
 class TimedOut(Exception):
@@ -390,6 +394,44 @@ def parse_ollama_option(text):
             raise ValueError("%s: %s" % (key, exc))
         value = raw
     return key, value
+
+
+#: What Ollama's models may declare (types/model/capability.go), for --require.
+CAPABILITIES = ("completion", "tools", "insert", "vision", "embedding", "thinking",
+                "image", "audio")
+
+
+def parse_models(text):
+    """--model: one name or NAME,NAME; every name non-empty and distinct."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ValueError("%r: a model name is empty" % text)
+    unique_models(names)
+    return names
+
+
+def unique_models(names):
+    """Raise ValueError when two names mean one model (qwen3, qwen3:latest)."""
+    for i, name in enumerate(names):
+        twice = [n for n in names[:i] if same_model(n, name)]
+        if twice:
+            raise ValueError("model %s is named twice (as %s)" % (name, twice[0]))
+
+
+def parse_require(text):
+    """--require: CAP[,CAP] or MODEL=CAP[,CAP] -> [(MODEL or None, [CAP])]."""
+    model, _, caps = text.rpartition("=")
+    caps = [c.strip() for c in caps.split(",")]
+    bad = [c for c in caps if c not in CAPABILITIES]
+    if bad or (model is not None and "=" in text and not model.strip()):
+        raise ValueError("%r: capabilities are %s" % (text, ", ".join(CAPABILITIES)))
+    return [(model.strip() or None, caps)]
+
+
+def shlex_split(text):
+    """Words of an environment or config value, quoted as in a shell."""
+    import shlex
+    return shlex.split(text)
 
 
 def parse_seconds(text):
@@ -836,14 +878,20 @@ OPTIONS = (
          "--wait and --jitter)" % DEFAULT_DEADLINE),
     )),
     ("the model and its warm-up", (
-        ("model", None, CHECK, str, None, "NAME",
-         "model to warm (default: one already loaded, else the first listed)"),
+        ("model", None, CHECK, (parse_models, lambda text: [text]), None, "NAME",
+         "a model the job uses; repeatable, or NAME,NAME (default: one already "
+         "loaded, else the first listed). Each must be present and answer, and "
+         "all must sit in VRAM together; an embedding model is proven by a vector"),
+        ("require", None, CHECK, (parse_require, shlex_split), None,
+         "[MODEL=]CAP[,CAP]", "capabilities the job's generative models (or MODEL) "
+         "must declare: %s; repeatable" % ", ".join(CAPABILITIES)),
         ("warmup", None, CHECK, parse_choice("token", "load", "off"), "token", "token|load|off",
          "token: generate one token; load: only load the model; off: skip "
          "(default token)"),
         ("keep-alive", None, CHECK, parse_keep_alive, None, "DURATION",
          "keep_alive sent with the warm-up (600, -1, 10m); not sent unless given"),
-        ("ollama-option", None, CHECK, "list", (), "KEY=VALUE",
+        ("ollama-option", None, CHECK, (lambda text: [parse_ollama_option(text)],
+                                        shlex_split), None, "KEY=VALUE",
          "runner option for the warm-up, as the job uses it (num_ctx=8192); "
          "repeatable"),
         ("allow-cpu", None, CHECK, "flag", False, None,
@@ -976,9 +1024,9 @@ def build_parser():
             flags = ([short] if short else []) + ["--" + name]
             if kind == "flag":
                 group.add_argument(*flags, action="store_true", default=None, help=text)
-            elif kind == "list":
+            elif isinstance(kind, tuple):   # (parse one value to a list, split text)
                 group.add_argument(*flags, action="append", default=None, metavar=metavar,
-                                   help=text, type=_argtype(parse_ollama_option))
+                                   help=text, type=_argtype(kind[0]))
             else:
                 group.add_argument(*flags, metavar=metavar, help=text, type=_argtype(kind))
     parser.add_argument("--config", metavar="PATH",
@@ -1163,10 +1211,10 @@ def _from_text(kind, text):
     """An option's value from environment or file text."""
     if kind == "flag":
         return parse_bool(text)
-    if kind == "list":
-        import shlex
-        return [parse_ollama_option(item) for item in shlex.split(text)]
+    if isinstance(kind, tuple):
+        return [[item for part in kind[1](text) for item in kind[0](part)]]
     return kind(text)
+
 
 
 def resolve_options(ns, environ, file_values, file_name="config file"):
@@ -1209,8 +1257,11 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
     opts.token = opts.tls_context = None    # read_token() and tls_context()
     if opts.deadline is None:
         opts.deadline = DEFAULT_DEADLINE + (opts.wait or 0) + (opts.jitter or 0)
+    for name, _, _, kind, _, _, _ in each_option():    # repeated flags: one list
+        attr = name.replace("-", "_")
+        if isinstance(kind, tuple):
+            setattr(opts, attr, [x for part in getattr(opts, attr) or () for x in part])
     opts.ollama_option = dict(opts.ollama_option)
-    opts.model = (opts.model or "").strip() or None
     if opts.verbose and opts.quiet:     # a flag beats the environment and file
         if ns.verbose or ns.quiet:
             opts.verbose, opts.quiet = bool(ns.verbose), bool(ns.quiet)
@@ -1691,7 +1742,7 @@ class Client(object):
                            "final address" % (what, exc.code,
                                                sanitise(exc.headers.get("Location"))))
             code, reason = classify_answer(what, exc.code, body, self.api)
-            raise Fail(code, reason, status=exc.code)
+            raise Fail(code, reason, status=exc.code, detail=answer_message(body)[0])
         except Exception as exc:    # URLError, OSError, http.client errors
             raise Fail(*classify_exception(exc, what, self.base, self.api))
         return self._read(answer, MAX_BODY, what)
@@ -1811,11 +1862,12 @@ def whole_number(doc, key, what):
 # ---- Stages: tags -> loaded -> warmup -> placement --------------------------
 
 class Stage(object):
-    """The stage under way: its name, start and the time its budget ends."""
+    """The stage under way: its name, start, the time its budget ends, what
+    it sends and the model it warms, if any."""
 
-    def __init__(self, name, started, ends_at, optional):
+    def __init__(self, name, started, ends_at, optional, what, model):
         self.name, self.started, self.ends_at = name, started, ends_at
-        self.optional = optional
+        self.optional, self.what, self.model = optional, what, model
 
 
 class Run(object):
@@ -1835,9 +1887,9 @@ class Run(object):
         self.deadline_at = started + opts.deadline
         self.stages = []            # dicts: name, status, duration_ms, reason
         self.current = None         # the Stage under way, if any
-        self.model = opts.model
-        self.loaded_before = None   # was the model loaded? None: unknown
-        self.vram_pct = None        # share of the model in VRAM after warm-up
+        self.model = (opts.model or [None])[0]     # the first model, once chosen
+        self.models = []            # dicts, one per model checked (choose_models)
+        self.vram_pct = None        # share of the first model in VRAM after warm-up
         self.notes = []             # facts for a ready verdict
         self.api = opts.api         # ollama or openai (auto: once detected)
         self.code = None            # the verdict, set once
@@ -1851,16 +1903,18 @@ class Run(object):
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
-    def step(self, name, timeout=None, optional=False):
-        """Run a stage; its budget is min(timeout or --timeout, time left)."""
+    def step(self, name, timeout=None, optional=False, what=None, model=None):
+        """Run a stage; its budget is min(timeout or --timeout, time left).
+        what: the request, when not STAGE_WHAT's; model: the one it warms."""
         now = time.monotonic()
         left = self.deadline_at - now
+        what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
         if left <= 0:
             self.cut = True
             raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
-                       % (self.opts.deadline, STAGE_WHAT[name]), name)
+                       % (self.opts.deadline, what), name)
         budget = min(timeout or self.opts.timeout, left)
-        stage = Stage(name, now, now + budget, optional)
+        stage = Stage(name, now, now + budget, optional, what, model)
         self.current = stage
         self.wake.set()
         try:
@@ -1892,6 +1946,8 @@ class Run(object):
             ms = (time.monotonic() - stage.started) * 1000.0
             self.stages.append({"name": stage.name, "status": status,
                                 "duration_ms": round(ms, 1), "reason": reason})
+            if stage.model:
+                self.stages[-1]["model"] = stage.model["name"]
             if code is not None:
                 self.code, self.stage, self.reason = code, stage.name, reason
                 self.wake.set()
@@ -1929,20 +1985,28 @@ class Run(object):
         budget = stage.ends_at - stage.started
         if budget < self.opts.timeout - 1e-3:
             self.cut = True
-            text = "deadline of %gs reached during %s" % (
-                self.opts.deadline, STAGE_WHAT[stage.name])
+            text = "deadline of %gs reached during %s" % (self.opts.deadline, stage.what)
             if self.before:
                 text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
                                                           self.before)
         else:
-            text = "%s timed out after %gs" % (STAGE_WHAT[stage.name], self.opts.timeout)
-        if stage.name == "warmup" and self.loaded_before is False:
+            text = "%s timed out after %gs" % (stage.what, self.opts.timeout)
+        if stage.name == "warmup" and stage.model["was_loaded"] is False:
             text += ("; model %s was not loaded, and Ollama aborts a load when the "
                      "client gives up, so it cannot warm in time: give the warm-up "
                      "longer (--timeout 120 --deadline 150) or keep the model "
                      "loaded on the server (OLLAMA_KEEP_ALIVE=-1 or --keep-alive 1h)"
-                     % self.model)
+                     % stage.model["name"])
         return text
+
+    @contextlib.contextmanager
+    def timing(self, model):
+        """Time every warm-up request of one model (its warmup_ms)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            model["warmup_ms"] = round((time.monotonic() - started) * 1000.0, 1)
 
     def expire(self, stage):
         """The watchdog's verdict on a stage that overran its budget."""
@@ -2027,49 +2091,174 @@ def nvidia_present():
 
 
 def check_service(run, client):
-    """The stages, in order; returns the ready reason or raises Fail."""
+    """Ollama's stages, in order; returns the ready reason or raises Fail."""
     opts = run.opts
     with run.step("tags") as budget:
         listed = model_list(client.json("GET", "/api/tags", budget), "/api/tags")
         names = [_name(m) for m in listed]
-        if run.model:
-            run.model = pick_model(run.model, names, "is not present on the server "
-                                   "(ollama pull %s); it has" % sanitise(run.model))
-        elif not names:
+        if not opts.model and not names:
             raise Fail(EX_CONFIG, "the server has no models: pull one "
                        "(ollama pull NAME) and name it with --model")
-
-    if opts.warmup != "off" or not run.model:
+        choose_models(run, names, "ollama pull", "present on the server", "it has")
+    if opts.warmup != "off" or not opts.model:
         running = None
         try:
             with run.step("loaded", optional=True) as budget:
                 running = running_models(run, client, budget)
         except Fail as exc:
             run.notes.append("loaded models unknown (%s)" % exc.reason)
-        if not run.model:
+        if not opts.model:          # one already loaded, else the first listed
             in_tags = [_name(m) for m in running or ()
                        if any(same_model(_name(m), n) for n in names)]
-            run.model = (in_tags or names)[0]
-        if running is not None:
-            run.loaded_before = any(same_model(_name(m), run.model) for m in running)
-
+            choose_models(run, (in_tags or names)[:1], None, None, None)
+        for model in run.models:
+            model["was_loaded"] = None if running is None else any(
+                same_model(_name(m), model["name"]) for m in running)
     if opts.warmup == "off":
-        return "service up, model %s present (warm-up off)" % run.model
+        return "service up, %s present (warm-up off)" % model_names(run)
+    ollama_kinds(run, client, listed)
+    check_requirements(run)
+    for model in run.models:    # one after another: a load can take the GPU
+        with run.timing(model):
+            if model["kind"] != "embed" and ollama_generate(run, client, model):
+                model["kind"] = "generate"
+            else:
+                model["kind"] = "embed"
+                ollama_embed(run, client, model)
+    if not opts.allow_cpu or len(run.models) > 1:   # a reload may land elsewhere
+        with run.step("placement") as budget:
+            running = running_models(run, client, budget)
+            if running is None:
+                run.notes.append("GPU placement not verified")
+            else:
+                check_placement(run, running)
+    return "%s answered %s" % (model_names(run), "the load" if opts.warmup == "load"
+                               and all(m["kind"] == "generate" for m in run.models)
+                               else "a token" if len(run.models) == 1 else "")
 
-    payload = {"model": run.model, "stream": False,
+
+def choose_models(run, names, pull, where, listing):
+    """run.models from the names asked for (--model), as the server lists
+    them; Fail (78) naming every one it lacks. With no --model, names is the
+    one model chosen."""
+    wanted = run.opts.model or names
+    found = [find_model(w, names) for w in wanted]
+    missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
+    if missing:
+        raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
+            "s" if len(missing) > 1 else "", ", ".join(missing),
+            "are not" if len(missing) > 1 else "is not", where,
+            " (%s %s)" % (pull, " / ".join(missing)) if pull else "", listing,
+            sanitise(", ".join(names[:10]) or "no models")))
+    run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
+                       resident=None, size_vram=None, was_loaded=None, reason="")
+                  for n in found]
+    run.model = found[0]
+
+
+def find_model(wanted, names):
+    """The listed name that means model `wanted` (the exact one first, then
+    as Ollama compares names), or None."""
+    found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
+    return found[0] if found else None
+
+
+def model_names(run):
+    return ", ".join(m["name"] for m in run.models)
+
+
+def ollama_kinds(run, client, listed):
+    """Each model's kind and capabilities before anything is sent to it:
+    from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
+    servers say nothing, and a generative warm-up's refusal tells."""
+    for model in run.models:
+        entry = next(m for m in listed if _name(m) == model["name"])
+        caps = capabilities(entry, "GET /api/tags")
+        if caps is None and "capabilities" not in entry:
+            try:
+                with run.step("show", optional=True) as budget:
+                    caps = capabilities(client.json("POST", "/api/show", budget, {
+                        "model": model["name"], "name": model["name"]}), "POST /api/show")
+            except Fail as exc:
+                run.notes.append("capabilities of %s unknown (%s)" % (model["name"],
+                                                                      exc.reason))
+        if caps is not None:
+            model["capabilities"] = caps
+            model["kind"] = "embed" if "embedding" in caps else "generate"
+
+
+def capabilities(doc, what):
+    """The capability names a server declares in doc, or None (not said)."""
+    caps = doc.get("capabilities")
+    if caps is None:
+        return None
+    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+        raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: capabilities is not a list "
+                   "of names" % what)
+    return caps
+
+
+def check_requirements(run):
+    """--require: the capabilities the job's models must declare (CAP for
+    every generative model, MODEL=CAP for one). Fail (78) naming what is
+    lacking; a server that declares none gets a problem note instead."""
+    strays = [t for t, _ in run.opts.require if t and not any(
+        same_model(t, m["name"]) for m in run.models)]
+    if strays:
+        raise Fail(EX_CONFIG, "--require names %s, which is not a model this check warms "
+                   "(--model)" % ", ".join(sanitise(t) for t in strays))
+    lacking, unknown = [], []
+    for model in run.models:
+        wanted = sorted(set(cap for target, caps in run.opts.require for cap in caps
+                            if (same_model(target, model["name"]) if target
+                                else model["kind"] != "embed")))
+        if wanted and model["capabilities"] is None:
+            unknown.append(model["name"])
+        elif wanted:
+            lacking += ["%s lacks %s (it declares %s)" % (
+                model["name"], ", ".join(c for c in wanted if c not in model["capabilities"]),
+                ", ".join(model["capabilities"]) or "none")
+                for _ in (1,) if set(wanted) - set(model["capabilities"])]
+    if lacking:
+        raise Fail(EX_CONFIG, "the job's --require is not met: %s; use a model that "
+                   "declares it" % "; ".join(sanitise(l) for l in lacking))
+    if unknown:
+        run.problems.append("capabilities not checked: the server declares none for %s "
+                            "(Ollama before 0.6.4, or an OpenAI-compatible server)"
+                            % ", ".join(sanitise(n) for n in unknown))
+
+
+#: An Ollama answer meaning "an embedding model, it cannot generate" (all
+#: releases: 'embedding models do not support generate', 'M does not support
+#: generate', '"M" does not support generate').
+_EMBEDDING_REFUSAL_RE = re.compile(r"(does not support generate|embedding models do not "
+                                   r"support)", re.I)
+
+
+def ollama_generate(run, client, model):
+    """Warm a model with POST /api/generate: one token (or only the load).
+    Returns False when the server says it is an embedding model, whose kind
+    was not known before."""
+    opts = run.opts
+    payload = {"model": model["name"], "stream": False,
                "prompt": WARMUP_PROMPT if opts.warmup == "token" else "",
                "options": dict(opts.ollama_option, num_predict=1)}
     if opts.keep_alive is not None:
         payload["keep_alive"] = opts.keep_alive
-    with run.step("warmup") as budget:
-        answer = client.call("POST", "/api/generate", budget, payload)
+    with run.step("warmup", model=model) as budget:
+        try:
+            answer = client.call("POST", "/api/generate", budget, payload)
+        except Fail as exc:
+            if model["kind"] is None and _EMBEDDING_REFUSAL_RE.search(exc.detail or ""):
+                return False
+            raise
         try:
             final, error = parse_generate(answer)
         except ValueError as exc:
             raise not_json("POST /api/generate", answer, exc)
         if error is not None:
-            raise Fail(classify_runner_error(error),
-                       "POST /api/generate: error from the model: %s" % sanitise(error))
+            raise Fail(classify_runner_error(error), "POST /api/generate: error from the "
+                       "model %s: %s" % (model["name"], sanitise(error)))
         if final.get("done") is not True:
             raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer ended before "
                        "done (the model stopped mid-answer)")
@@ -2078,18 +2267,114 @@ def check_service(run, client):
                        "model: nothing was loaded or run")
         load_ns = whole_number(final, "load_duration", "POST /api/generate")
         if load_ns and load_ns > 1e9:
-            run.notes.append("model loaded in %.1fs" % (load_ns / 1e9))
+            run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
+    return True
 
-    if not opts.allow_cpu:      # after the warm-up: a reload may land on the CPU
-        with run.step("placement") as budget:
-            running = running_models(run, client, budget)
-            if running is None:
-                run.notes.append("GPU placement not verified")
-            else:
-                check_placement(run, [m for m in running
-                                      if same_model(_name(m), run.model)])
-    return "%s answered %s" % (run.model, "a token" if opts.warmup == "token"
-                               else "the load")
+
+def ollama_embed(run, client, model):
+    """Warm an embedding model with POST /api/embed (input "test": an empty
+    input loads any model and proves nothing), or, on servers before 0.2.6,
+    POST /api/embeddings; ready only with a vector."""
+    opts = run.opts
+    payload = {"model": model["name"], "input": WARMUP_PROMPT}
+    if opts.ollama_option:
+        payload["options"] = dict(opts.ollama_option)
+    if opts.keep_alive is not None:
+        payload["keep_alive"] = opts.keep_alive
+    with run.step("warmup", what="POST /api/embed", model=model) as budget:
+        try:
+            doc = client.json("POST", "/api/embed", budget, payload)
+        except Fail as exc:
+            if exc.status != 404:   # no such route: Ollama before 0.2.6
+                raise
+            doc = None
+        if doc is not None:
+            vectors = doc.get("embeddings")
+            return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
+                               else None, "POST /api/embed", "embeddings[0]")
+    del payload["input"]
+    payload["prompt"] = WARMUP_PROMPT
+    with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
+        doc = client.json("POST", "/api/embeddings", budget, payload)
+        need_vector(doc, doc.get("embedding"), "POST /api/embeddings", "embedding")
+
+
+def need_vector(doc, vector, what, field):
+    """Fail unless vector is a non-empty list of numbers (or of such lists:
+    per-token vectors); an error in a 200 answer is the model's error."""
+    error = answer_error(doc)
+    if error is not None:
+        raise Fail(classify_runner_error(error), "%s: error from the model: %s"
+                   % (what, sanitise(error)))
+    rows = vector if isinstance(vector, list) and vector and all(
+        isinstance(v, list) for v in vector) else [vector]
+    if not all(isinstance(r, list) and r and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+               for r in rows):
+        raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: %s is not a non-empty list "
+                   "of numbers (the model did not embed)" % (what, field))
+
+
+def answer_error(doc):
+    """The error text inside a 200 answer ({"error": ...}, or vLLM's
+    {"object": "error", "message": ...}), or None."""
+    if "error" in doc:
+        return error_text(doc["error"])
+    if doc.get("object") == "error":
+        return error_text(doc)
+    return None
+
+
+def running_models(run, client, budget):
+    """The /api/ps entries, or None from a server without /api/ps."""
+    try:
+        return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
+    except Fail as exc:
+        if exc.status != 404:
+            raise
+        note = "server has no /api/ps (Ollama before 0.1.38?)"
+        if note not in run.notes:
+            run.notes.append(note)
+        return None
+
+
+def check_placement(run, running):
+    """After every warm-up, one GET /api/ps: every model resident (one that
+    is not was unloaded when a later one loaded) and in VRAM (size_vram 0 is
+    Ollama's silent CPU fallback)."""
+    for model in run.models:
+        entries = [m for m in running if same_model(_name(m), model["name"])]
+        model["resident"] = bool(entries)
+        if entries:
+            size, vram = (whole_number(entries[0], key, "GET /api/ps")
+                          for key in ("size", "size_vram"))
+            model["size_vram"], model["size"] = vram, size
+    gone = [m["name"] for m in run.models if not m["resident"]]
+    if gone and len(gone) == len(run.models):
+        run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
+                         "GPU placement not verified" % ("model" if len(gone) == 1
+                                                         else ", ".join(gone)))
+        return
+    if gone:
+        raise Fail(EX_TEMPFAIL, "%s %s unloaded when a later model loaded: the models do "
+                   "not fit together (OLLAMA_MAX_LOADED_MODELS too low, or not enough "
+                   "VRAM for all); raise OLLAMA_MAX_LOADED_MODELS on the server, use "
+                   "smaller models, or run these jobs apart" % (
+                       ", ".join(gone), "was" if len(gone) == 1 else "were"))
+    for model in run.models:
+        size, vram = model.get("size"), model["size_vram"]
+        if not size or vram is None:
+            run.notes.append("GPU placement of %s not reported by the server"
+                             % model["name"])
+            continue
+        pct = min(100, int(round(100.0 * vram / size)))
+        run.vram_pct = pct if run.vram_pct is None else run.vram_pct
+        if vram == 0 and not run.opts.allow_cpu:
+            raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
+                       "lost the GPU (driver not ready, suspend/resume); restart "
+                       "ollama, or pass --allow-cpu to accept it" % model["name"])
+        if 0 < vram < size:
+            run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
 
 
 def check_inference(run):
@@ -2118,7 +2403,7 @@ def check_api(run, client):
 
 def check_openai(run, client):
     """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's
-    /v1): health -> models -> completion. Returns the ready reason."""
+    /v1): health -> models -> each model proven. Returns the ready reason."""
     with run.step("health") as budget:
         try:
             client.call("GET", "/health", budget)
@@ -2132,68 +2417,80 @@ def check_openai(run, client):
         if data is not None and not isinstance(data, list):
             raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
                        "has no data list")
-        names = [m.get("id") or _name(m) for m in data or () if isinstance(m, dict)]
-        names = [n for n in names if isinstance(n, str)]
+        names = [m.get("id") if isinstance(m.get("id"), str) and m["id"] else _name(m)
+                 for m in data or () if isinstance(m, dict)]
+        names = [n for n in names if n]
         if not names:
             raise Fail(EX_CONFIG, "the server serves no models (GET /v1/models)")
-        run.model = (pick_model(run.model, names, "is not served here; it serves")
-                     if run.model else names[0])
+        choose_models(run, names if run.opts.model else names[:1], None, "served here",
+                      "it serves")
     if run.opts.warmup == "off":
-        return "service up, model %s served (warm-up off)" % run.model
-    with run.step("completion") as budget:
-        answer = client.json("POST", "/v1/completions", budget, {
-            "model": run.model, "prompt": WARMUP_PROMPT, "max_tokens": 1,
-            "stream": False})
-        if "error" in answer:
-            error = error_text(answer["error"])
-            raise Fail(classify_runner_error(error), "POST /v1/completions: error "
-                       "from the model: %s" % sanitise(error))
-        if not isinstance(answer.get("choices"), list) or not answer["choices"]:
-            raise Fail(EX_UNAVAILABLE, "POST /v1/completions: answered without a "
-                       "completion (no choices)")
-    return "%s answered a token" % run.model
+        return "service up, %s served (warm-up off)" % model_names(run)
+    check_requirements(run)         # these servers declare no capabilities
+    for model in run.models:
+        with run.timing(model):
+            prove_openai(run, client, model)
+    return "%s answered" % model_names(run)
 
 
-def pick_model(wanted, names, missing):
-    """The listed name that means model `wanted` (the exact one first, then
-    as Ollama compares names); Fail (78) naming what is there otherwise."""
-    found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
-    if not found:
-        raise Fail(EX_CONFIG, "model %s %s: %s" % (sanitise(wanted), missing, sanitise(
-            ", ".join(names[:10]) or "no models")))
-    return found[0]
+#: How a model is proven on an OpenAI-compatible server: stage, path, body.
+OPENAI_ASKS = {
+    "completion": ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 1,
+                                       "stream": False}),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content":
+                                                    WARMUP_PROMPT}], "max_tokens": 1}),
+    "embedding": ("/v1/embeddings", {"input": WARMUP_PROMPT}),
+}
+
+#: What servers answer a request of the wrong kind for the model (generation
+#: to an embedding model), which differs by server and version: the text
+#: tells, not the status.
+_WRONG_KIND_RE = re.compile(r"does not support (completions|chat|generate)"
+                            r"|(Chat )?Completions API|embedding=True|Pooling type", re.I)
 
 
-def running_models(run, client, budget):
-    """The /api/ps entries, or None from a server without /api/ps."""
-    try:
-        return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
-    except Fail as exc:
-        if exc.status != 404:
+def prove_openai(run, client, model):
+    """One token from a generative model: a completion, or a chat completion
+    where the server has no /v1/completions (404, 405: gateways, chat-only
+    servers); one vector from an embedding model, which the generation
+    request's refusal tells apart."""
+    outcome = ask_openai(run, client, model, "completion")
+    if outcome == "no route":
+        outcome = ask_openai(run, client, model, "chat")
+    if outcome == "wrong kind":
+        ask_openai(run, client, model, "embedding")
+
+
+def ask_openai(run, client, model, stage):
+    """One request of prove_openai(): "done", "no route" (a completion the
+    server does not offer) or "wrong kind" (generation sent to an embedding
+    model); Fail for anything else."""
+    path, body = OPENAI_ASKS[stage]
+    with run.step(stage, model=model) as budget:
+        try:
+            doc = client.json("POST", path, budget, dict(body, model=model["name"]))
+        except Fail as exc:
+            if stage != "embedding" and _WRONG_KIND_RE.search(exc.detail or ""):
+                return "wrong kind"
+            if stage == "completion" and exc.status in (404, 405):
+                return "no route"
             raise
-        note = "server has no /api/ps (Ollama before 0.1.38?)"
-        if note not in run.notes:
-            run.notes.append(note)
-        return None
-
-
-def check_placement(run, entries):
-    """The model must sit in VRAM: size_vram 0 is Ollama's silent CPU fallback."""
-    if not entries:
-        run.notes.append("model not resident after the warm-up (server "
-                         "keep-alive 0?), GPU placement not verified")
-        return
-    size, vram = (whole_number(entries[0], key, "GET /api/ps") for key in ("size", "size_vram"))
-    if not size or vram is None:
-        run.notes.append("GPU placement not reported by the server")
-        return
-    run.vram_pct = min(100, int(round(100.0 * vram / size)))
-    if vram == 0:
-        raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
-                   "lost the GPU (driver not ready, suspend/resume); restart "
-                   "ollama, or pass --allow-cpu to accept it" % run.model, "placement")
-    if vram < size:
-        run.notes.append("partial offload: %d%% of the model in VRAM" % run.vram_pct)
+        error = answer_error(doc)       # vLLM answered some errors with a 200
+        if stage == "embedding":
+            data = doc.get("data")
+            first = data[0] if isinstance(data, list) and data else None
+            need_vector(doc, first.get("embedding") if isinstance(first, dict) else None,
+                        "POST " + path, "data[0].embedding")
+        elif error is not None and _WRONG_KIND_RE.search(error):
+            return "wrong kind"
+        elif error is not None:
+            raise Fail(classify_runner_error(error), "POST %s: error from the model %s: "
+                       "%s" % (path, model["name"], sanitise(error)))
+        elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
+            raise Fail(EX_UNAVAILABLE, "POST %s: answered without a completion "
+                       "(no choices)" % path)
+    model["kind"] = "embed" if stage == "embedding" else "generate"
+    return "done"
 
 
 # ---- Supervision: worker thread, stage watchdog, hard deadline, signals -----
@@ -2444,7 +2741,7 @@ def state_key(opts, environ):
                         for o in each_option() if o[2] == CHECK] + [
         environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
                                      ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
-    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, opts.model or ""))
+    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, ",".join(opts.model)))
     return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
 
 
@@ -2597,6 +2894,19 @@ class Shared(object):
         return state.get("skips", 0)
 
 
+def stage_totals(run):
+    """(stage name, ms) in the order the stages ran; a stage run once per
+    model is one figure, the sum."""
+    totals = []
+    for stage in run.stages:
+        if totals and any(name == stage["name"] for name, _ in totals):
+            totals = [(n, ms + stage["duration_ms"] if n == stage["name"] else ms)
+                      for n, ms in totals]
+        else:
+            totals.append((stage["name"], stage["duration_ms"]))
+    return totals
+
+
 def metrics_text(run, skips, now):
     """Prometheus text format: each family once, with HELP and TYPE, no
     timestamps (node_exporter's textfile collector refuses them)."""
@@ -2604,25 +2914,29 @@ def metrics_text(run, skips, now):
         text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
         return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
-    labels = 'host="%s",model="%s"' % (label(run.opts.host), label(run.opts.model))
+    host = 'host="%s"' % label(run.opts.host)
+    labels = '%s,model="%s"' % (host, label(",".join(run.opts.model)))
     families = [
         ("ready", "1 when the last check found the service ready, else 0",
-         [("", int(run.code == EX_OK))]),
-        ("last_run_timestamp_seconds", "Unix time of the last check", [("", now)]),
-        ("exit_code", "exit status of the last check", [("", run.code)]),
+         [(labels, int(run.code == EX_OK))]),
+        ("last_run_timestamp_seconds", "Unix time of the last check", [(labels, now)]),
+        ("exit_code", "exit status of the last check", [(labels, run.code)]),
         ("stage_duration_seconds", "time each stage of the last check took",
-         [(',stage="%s"' % s["name"], s["duration_ms"] / 1000.0) for s in run.stages]),
+         [('%s,stage="%s"' % (labels, name), ms / 1000.0) for name, ms in stage_totals(run)]),
         ("consecutive_skips", "checks in a row that did not find the service ready",
-         [("", skips)]),
+         [(labels, skips)]),
+        ("model_warmup_seconds", "time each model's warm-up took in the last check",
+         [('%s,model="%s",kind="%s"' % (host, label(m["name"]), m["kind"] or ""),
+           m["warmup_ms"] / 1000.0) for m in run.models if m["warmup_ms"] is not None]),
     ]
     lines = []
     for name, text, samples in families:
         if not samples:
             continue
         lines += ["# HELP %s_%s %s" % (PROG, name, text), "# TYPE %s_%s gauge" % (PROG, name)]
-        lines += ["%s_%s{%s%s} %s" % (PROG, name, labels, extra, repr(float(value))
-                                      if isinstance(value, float) else value)
-                  for extra, value in samples]
+        lines += ["%s_%s{%s} %s" % (PROG, name, names, repr(float(value))
+                                    if isinstance(value, float) else value)
+                  for names, value in samples]
     return "\n".join(lines) + "\n"
 
 
@@ -2718,10 +3032,13 @@ def log_line(run, elapsed_ms):
               ("code", run.code), ("stage", run.stage),
               ("reason", verdict_reason(run)), ("host", run.opts.host),
               ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
-    for stage in run.stages:
-        fields.append(("%s_ms" % stage["name"], int(round(stage["duration_ms"]))))
-    if run.loaded_before is not None:
-        fields.append(("was_loaded", "yes" if run.loaded_before else "no"))
+    if len(run.models) > 1:
+        fields.append(("models", ", ".join("%s %s %dms" % (
+            m["name"], m["kind"] or "-", m["warmup_ms"] or 0) for m in run.models)))
+    fields += [("%s_ms" % name, int(round(ms))) for name, ms in stage_totals(run)]
+    loaded = run.models[0]["was_loaded"] if run.models else None
+    if loaded is not None:
+        fields.append(("was_loaded", "yes" if loaded else "no"))
     if run.vram_pct is not None:
         fields.append(("vram_pct", run.vram_pct))
     if run.api != "ollama":
@@ -2842,7 +3159,9 @@ def verdict_json(run, elapsed_ms):
         "host": run.opts.host, "model": run.model, "stage": run.stage,
         "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
         "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
-        "warmup": run.opts.warmup, "model_was_loaded": run.loaded_before,
+        "warmup": run.opts.warmup,
+        "model_was_loaded": run.models[0]["was_loaded"] if run.models else None,
+        "models": [dict((k, v) for k, v in m.items() if k != "size") for m in run.models],
         "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
         "attempts": run.attempt, "reused": run.reused is not None, "api": run.api,
         "problems": run.problems,
@@ -2933,6 +3252,10 @@ def main(argv=None, started=None):
                 raise UsageError("-v/--verbose and -q/--quiet exclude each other")
             if command == []:
                 raise UsageError("'--' must be followed by the COMMAND to run")
+            try:
+                unique_models([name for part in ns.model or () for name in part])
+            except ValueError as exc:
+                raise UsageError("argument --model: %s" % exc)
         except _ParserExit as exc:
             emit("stdout", "")      # --help on a full stdout still exits 0
             return exc.status

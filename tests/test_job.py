@@ -503,7 +503,7 @@ class MetricsTest(JobCase):
         self.assertEqual(sorted(families), sorted(
             "gpu_preflight_" + n for n in ("ready", "last_run_timestamp_seconds",
                                            "exit_code", "stage_duration_seconds",
-                                           "consecutive_skips")))
+                                           "consecutive_skips", "model_warmup_seconds")))
         labels = 'host="%s",model=""' % emu.url
         self.assertEqual(families["gpu_preflight_ready"], [(labels, "1")])
         stages = [l for l, _ in families["gpu_preflight_stage_duration_seconds"]]
@@ -568,6 +568,7 @@ class MetricsTest(JobCase):
         self.assertEqual(sorted(out.split("\n")[:-1]), [
             "gpu_preflight_consecutive_skips gauge 1", "gpu_preflight_exit_code gauge 1",
             "gpu_preflight_last_run_timestamp_seconds gauge 1",
+            "gpu_preflight_model_warmup_seconds gauge 1",
             "gpu_preflight_ready gauge 1", "gpu_preflight_stage_duration_seconds gauge 4"])
 
 

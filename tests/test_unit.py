@@ -365,7 +365,7 @@ class ConfigPrecedenceTest(unittest.TestCase):
         file_values = {"timeout": "7", "model": "filemodel", "deadline": "20"}
         opts = self.resolve(["--timeout", "4"], env, file_values)
         self.assertEqual(opts.timeout, 4.0)          # flag beats env and file
-        self.assertEqual(opts.model, "envmodel")     # env beats file
+        self.assertEqual(opts.model, ["envmodel"])   # env beats file
         self.assertEqual(opts.deadline, 20.0)        # file beats default
 
     def test_ollama_host_is_only_the_last_default(self):
@@ -467,7 +467,7 @@ class StateKeyTest(unittest.TestCase):
     OTHER = {
         "host": "http://127.0.0.2:11434", "api": "openai", "token-file": "/etc/t",
         "cafile": "/etc/ca.pem", "insecure": None, "timeout": "7", "deadline": "30",
-        "model": "qwen3", "warmup": "load", "keep-alive": "10m",
+        "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
         "ollama-option": "num_ctx=8192", "allow-cpu": None, "gpu": None,
         "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
         "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
