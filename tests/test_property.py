@@ -697,19 +697,22 @@ class Case(object):
         return None
 
     def expectation(self):
-        """(kind, names): usage (64), config (78), good (neither), unknown."""
+        """(kind, names): usage (64), config (78), "usage or config", good
+        (neither), unknown; names: the bad values (one: it must be named)."""
         winners = dict((o, self.winner(o)) for o in self.placed)
         cli_bad = [o for o, w in winners.items() if w and w[0] == "cli" and w[2] == BAD]
-        if cli_bad:
-            return "usage", cli_bad
+        cli_unknown = any(w and w[0] == "cli" and w[2] == UNKNOWN for w in winners.values())
+        if cli_bad:     # names: the one to name, unless another may be refused first
+            return "usage", cli_bad if not cli_unknown else []
         late_bad = ["%s (%s)" % (o, w[0]) for o, w in winners.items()
                     if w and w[0] != "cli" and w[2] == BAD]
         if self.config_bad:
             late_bad.append("config file: " + self.config_bad)
         if self.token and self.token[1] == BAD:
             late_bad.append("token")
-        cli_unknown = any(w and w[0] == "cli" and w[2] == UNKNOWN for w in winners.values())
         if late_bad:        # a value on the command line may still be refused first
+            if any(w and w[0] != "cli" and w[2] == UNKNOWN for w in winners.values()):
+                late_bad.append("and a value that may be refused")     # none to name
             return "usage or config" if cli_unknown else "config", late_bad
         if any(w and w[2] == UNKNOWN for w in winners.values()):
             return "unknown", []
@@ -1294,11 +1297,11 @@ def example_case(index, seed):
     change(case, docs)
     for endpoint in ENDPOINTS:
         given = docs[endpoint]
-        case.answers[endpoint] = [
+        case.answers[endpoint] = [      # the changed answer shows on failure
             Answer(200, doc if isinstance(doc, bytes) else to_bytes(encode(doc)),
-                   log=[what] if endpoint in case.notes else [])
-            for doc in (given if isinstance(given, list) else [given])]
-    case.notes = [n for n in case.notes if n not in ENDPOINTS]
+                   log=[what] if "%s#%d" % (endpoint, n) in case.notes else [])
+            for n, doc in enumerate(given if isinstance(given, list) else [given])]
+    case.notes = [n for n in case.notes if "#" not in n]
     case.notes.append("example: " + what)
     return case
 
@@ -1310,7 +1313,7 @@ def _set(path, value):
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
-        case.notes.append(path[0])      # the answer changed, shown on failure
+        case.notes.append("%s#%s" % (path[0], path[1] if isinstance(path[1], int) else 0))
     return change
 
 
@@ -1324,7 +1327,7 @@ def _option(option, where, text, label, *more):
 
 def _tags_entry(case, docs):
     docs["/api/tags"]["models"].append({"name": "", "model": 5})
-    case.notes.append("/api/tags")
+    case.notes.append("/api/tags#0")
     case.place("model", "cli", "x", GOOD)
 
 
