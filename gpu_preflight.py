@@ -332,7 +332,21 @@ def host_url(value):
     if not url.startswith(("http://", "https://")):
         raise ValueError("%s: only http:// and https:// URLs are supported"
                          % value.strip())
+    if not usable_host(url_host(url)):
+        raise ValueError("%s: %r is not a host name or IP address"
+                         % (value.strip(), url_host(url)))
     return url
+
+
+def usable_host(host):
+    """A host urllib can connect to: a name, an IPv4 or an IPv6 literal."""
+    if ":" not in host:
+        return bool(re.match(r"^[A-Za-z0-9._~-]*$", host))
+    try:
+        socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def url_host(url):
@@ -1250,6 +1264,9 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
             if not opts.host.startswith(("http://", "https://")):
                 raise ConfigError("OLLAMA_HOST=%r: only http:// and https:// "
                                   "are supported" % environ["OLLAMA_HOST"])
+            if not usable_host(url_host(opts.host)):
+                raise ConfigError("OLLAMA_HOST=%r: %r is not a host name or IP address"
+                                  % (environ["OLLAMA_HOST"], url_host(opts.host)))
     opts.gpu = bool(opts.gpu or opts.gpu_backend or opts.nvml_lib or opts.gpu_id
                     or opts.strict_gpu
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))

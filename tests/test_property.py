@@ -619,8 +619,8 @@ POOLS = {
                        ("\u0661", "\U0001d7d8", "\u0660,\u0661"),
                        ("", ",", "x", "-1", "GPU_", "\u00b2", "0,\u00b2", "\u2460", "1.0")),
     "model": labelled(("llama3.2", "absent:latest", "LLAMA3.2:Latest", " llama3.2 ", "x",
-                       "registry.ollama.ai/library/llama3.2:latest", ""),
-                      ("\u043c\u043e\u0434\u0435\u043b\u044c", "\u6a21\u578b:7b",
+                       "registry.ollama.ai/library/llama3.2:latest"),
+                      ("", "\u043c\u043e\u0434\u0435\u043b\u044c", "\u6a21\u578b:7b",
                        "\U0001f999", "caf\u00e9", "a\tb", "a\x1bb", "x" * 100000,
                        b"\xff\xfe", b"caf\xe9", b"llama\x80:latest")),
     "api": labelled(("ollama", "openai", "auto"), (), ("OpenAI", "", "vllm")),
@@ -1313,7 +1313,8 @@ def _set(path, value):
         for key in path[:-1]:
             node = node[key]
         node[path[-1]] = value
-        case.notes.append("%s#%s" % (path[0], path[1] if isinstance(path[1], int) else 0))
+        case.notes.append("%s#%s" % (path[0], path[1] if len(path) > 1
+                                     and isinstance(path[1], int) else 0))
     return change
 
 
