@@ -37,7 +37,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -194,7 +193,7 @@ class Host(object):
         lib = support.require_tool(testcase, "faketime (libfaketime.so.1)",
                                    test_cron.find_libfaketime())
         cron = support.require_tool(testcase, "cron", "/usr/sbin/cron")
-        ip = support.require_tool(testcase, "ip (iproute2)", "/usr/sbin/ip")
+        ip = support.require_tool(testcase, "ip", "/usr/sbin/ip")       # iproute2
         if os.path.exists(self.marker):
             os.unlink(self.marker)
         olddev = os.path.join(self.dir, "olddev")   # NAMESPACE_SETUP's, left empty
@@ -202,7 +201,8 @@ class Host(object):
             os.rmdir(olddev)
         sink = support.SyslogSink()
         testcase.addCleanup(sink.close)
-        emulator = sys.executable if ready else ""
+        # Debian's python3 runs the emulator: /usr/local is the host's there
+        emulator = DEBIAN_PYTHON if ready else ""
         # cron's clock 2 s before the next local :00 or :30 (the entry's */30)
         now = time.time()
         local = now + time.localtime(now).tm_gmtoff
@@ -302,7 +302,7 @@ class DeployChecks(object):
                 if expected is not None:        # issue 14: install.sh's fast layout
                     self.assertEqual(launcher, expected,
                                      "the recipe's launcher differs from install.sh's")
-            entry = self.cron_entry(host)
+        entry = self.cron_entry(host)           # the cron run below needs it
 
         with self.subTest(step="runs in cron's environment"):
             status, out = host.run(["/usr/bin/env", "-i", "PATH=/usr/bin:/bin", COMMAND,
