@@ -442,6 +442,16 @@ def parse_require(text):
     return [(model.strip() or None, caps)]
 
 
+def utf8(text):
+    """text decoded as UTF-8 where it arrived escaped: Python 3.6 decodes
+    argv and the environment as ASCII under cron's C locale (3.7 and later
+    as UTF-8). Bytes that are not UTF-8 stay escaped."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeError:
+        return text
+
+
 def shlex_split(text):
     """Words of an environment or config value, quoted as in a shell."""
     import shlex
@@ -519,15 +529,16 @@ def parse_gpu_ids(text):
 
 
 def parse_path(text):
-    """A file or directory path: not empty, no NUL byte."""
+    """A file or directory path: not empty, no NUL byte; in the file
+    system's encoding (ASCII with escapes under Python 3.6's C locale)."""
     if not text.strip() or "\0" in text:
         raise ValueError("%r is not a path" % text)
-    return text
+    return os.fsdecode(text.encode("utf-8", "surrogateescape"))
 
 
 def parse_nvml_lib(text):
     """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
-    parse_path(text)
+    text = parse_path(text)
     if "/stubs/" in text:
         raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
                          "driver's library" % text)
@@ -643,7 +654,8 @@ def add_secret(secret):
     as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
     from urllib.parse import quote
     html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    for form in (secret, json.dumps(secret)[1:-1], quote(secret, safe=""), quote(secret),
+    raw = secret.encode("utf-8", "surrogateescape")
+    for form in (secret, json.dumps(secret)[1:-1], quote(raw, safe=""), quote(raw),
                  html.replace('"', "&quot;").replace("'", "&#x27;"),
                  html.replace('"', "&#34;").replace("'", "&#39;")):
         if len(form) < SECRET_PIECE:
@@ -1015,7 +1027,7 @@ def _argtype(parse):
     """Wrap a parser so argparse shows its message for a bad value."""
     def convert(text):
         try:
-            return parse(text)
+            return parse(utf8(text))
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc))
     convert.__name__ = getattr(parse, "__name__", "value")
@@ -1246,7 +1258,7 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
         try:
             if value is None and environ.get(env_name, "").strip():
                 source = env_name
-                value = _from_text(kind, environ[env_name])
+                value = _from_text(kind, utf8(environ[env_name]))
             elif value is None and name in file_values:
                 source = "%s: %s" % (file_name, name)
                 value = _from_text(kind, file_values[name])
