@@ -2161,9 +2161,7 @@ def check_service(run, client):
                 run.notes.append("GPU placement not verified")
             else:
                 check_placement(run, running)
-    return "%s answered %s" % (model_names(run), "the load" if opts.warmup == "load"
-                               and all(m["kind"] == "generate" for m in run.models)
-                               else "a token" if len(run.models) == 1 else "")
+    return answered(run)
 
 
 def choose_models(run, names, pull, where, listing):
@@ -2194,6 +2192,15 @@ def find_model(wanted, names):
 
 def model_names(run):
     return ", ".join(m["name"] for m in run.models)
+
+
+def answered(run):
+    """The ready reason: what each model answered."""
+    said = ["%s %s" % (m["name"], "a vector" if m["kind"] == "embed" else "the load"
+                       if run.opts.warmup == "load" else "a token") for m in run.models]
+    if len(said) == 1:
+        return said[0].replace(" ", " answered ", 1)
+    return "%d models answered: %s" % (len(said), ", ".join(said))
 
 
 def ollama_kinds(run, client, listed):
@@ -2459,7 +2466,7 @@ def check_openai(run, client):
     for model in run.models:
         with run.timing(model):
             prove_openai(run, client, model)
-    return "%s answered" % model_names(run)
+    return answered(run)
 
 
 #: How a model is proven on an OpenAI-compatible server: stage, path, body.

@@ -19,6 +19,7 @@ Standard library only, CPython 3.6+.
 """
 
 import argparse
+import os
 import select
 import signal
 import socket
@@ -304,6 +305,23 @@ def cli_parser(prog, description, modes):
     return argparse.ArgumentParser(
         prog=prog, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=description)
+
+
+def serve_for_command(emu, name, details, command):
+    """Start emu, say "NAME: URL DETAILS" on stderr, run COMMAND with
+    OLLAMA_HOST set to the URL, stop emu; COMMAND's exit status. No port
+    is fixed, so nothing else listening can answer in its place."""
+    import subprocess
+    emu.start()
+    sys.stderr.write("%s: %s %s\n" % (name, emu.url, details))
+    sys.stderr.flush()
+    try:
+        return subprocess.call(command, env=dict(os.environ, OLLAMA_HOST=emu.url))
+    except OSError as exc:
+        sys.stderr.write("%s: cannot run %s: %s\n" % (name, command[0], exc.strerror))
+        return 127
+    finally:
+        emu.stop()
 
 
 def serve_until_signalled(emu, name, cannot, details):

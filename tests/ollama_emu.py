@@ -87,7 +87,7 @@ import sys
 import time
 from http.client import responses as _REASONS
 
-from emu_base import HTTPEmulator, cli_parser, serve_until_signalled
+from emu_base import HTTPEmulator, cli_parser, serve_for_command, serve_until_signalled
 from emu_base import free_port  # noqa: F401  (the tests import it from here)
 
 MODES = (
@@ -1214,10 +1214,16 @@ class Emulator(HTTPEmulator):
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[argv.index("--") + 1:] if "--" in argv else None
+    argv = argv[:argv.index("--")] if command is not None else argv
     parser = cli_parser(
-        "ollama_emu.py", "Loopback emulator of the Ollama HTTP API (for gpu_preflight tests).",
-        MODES)
-    parser.add_argument("--port", type=int, default=11434, help="TCP port (0: any free one)")
+        "ollama_emu.py [OPTIONS] [-- COMMAND [ARG ...]]",
+        "Loopback emulator of the Ollama HTTP API (for gpu_preflight tests). With "
+        "-- COMMAND it listens on a free port, runs COMMAND with OLLAMA_HOST set to "
+        "its URL, stops and exits with COMMAND's status.", MODES)
+    parser.add_argument("--port", type=int, default=None,
+                        help="TCP port (0: any free one; default 11434, or 0 with a COMMAND)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--mode", default="healthy", choices=MODE_NAMES, metavar="MODE",
                         help="behaviour, see below (default healthy)")
@@ -1245,7 +1251,8 @@ def main(argv=None):
         emu = Emulator(mode=args.mode, models=models,
                        loaded=() if args.cold else args.loaded,
                        load_seconds=args.load_seconds, fault_on=args.fault_on,
-                       host=args.host, port=args.port, version=args.version,
+                       host=args.host, version=args.version,
+                       port=args.port if args.port is not None else 0 if command else 11434,
                        vram_mib=args.vram_mib, max_loaded=args.max_loaded)
     except ValueError as exc:
         parser.error(str(exc))
@@ -1253,6 +1260,8 @@ def main(argv=None):
         emu.mode, emu.version,
         ",".join("%s(%s)" % (m, emu.specs[m].kind) for m in emu.models) or "none",
         ",".join(sorted(emu.loaded)) or "none")
+    if command:
+        return serve_for_command(emu, "ollama emulator", details, command)
     return serve_until_signalled(emu, "ollama emulator", "cannot listen on", details)
 
 
