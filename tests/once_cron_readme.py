@@ -50,7 +50,7 @@ import unittest
 
 import support
 import test_cron
-from ollama_emu import Emulator
+from ollama_emu import Emulator, Model
 from test_cron import (CRON_EXEC, NAMESPACE_MOUNTS, SYSLOG_RE, USER_INFO,
                        find_libfaketime, need)
 
@@ -59,6 +59,12 @@ INSTALL = os.path.join(support.REPO, "install.sh")
 FAKE_WAIT = 40.0                # faketime: the lines run after ~4 s
 REAL_WAIT = 90.0                # the real clock: up to 61 s, then the runs
 GRACE = 2.0                     # after every line ended, for late lines
+#: The models the README's cron lines name, as a server that has them all
+#: (the agent line needs the chat model's tools and an embedding model).
+README_MODELS = (Model("llama3.2:latest"), Model("qwen3:latest", "generate",
+                                                  ["completion", "tools"]),
+                 Model("nomic-embed-text:latest", "embed"))
+
 MODEL_TEXT = {"ready": None, "refused": "connection refused",
               "no_model": "not present"}
 CONTROL = "echo gpfl-readme-control"
@@ -238,7 +244,8 @@ class ReadmeCronTest(unittest.TestCase):
                 self.assertTrue(os.path.isabs(line.job), line)
 
     def test_healthy_every_line_runs_its_job_once_silently_and_logs_ready(self):
-        emu = Emulator(mode="healthy").start()
+        emu = Emulator(mode="healthy", models=README_MODELS, loaded=(
+            "llama3.2:latest", "qwen3:latest", "nomic-embed-text:latest")).start()
         self.addCleanup(emu.stop)
         seen = self.run_cron(emu.url, "ready")
         d = seen.diagnosis

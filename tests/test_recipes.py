@@ -33,7 +33,8 @@ def command_lines():
     found = []
     for info, body in readme_blocks():
         for line in body.replace("\\\n", " ").split("\n"):
-            match = re.search(r"gpu_preflight(?:\.py)? (-[^&|;\]]*)", line)
+            match = re.search(r"(?:^|[\s/])(?<!-t )gpu_preflight(?:\.py)? (-[^&|;\]]*)",
+                              line)
             if not match or line.lstrip().startswith("command:"):
                 continue
             words = shlex.split(match.group(1).split(" -- ")[0], comments=True)
