@@ -195,13 +195,13 @@ LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
 #: Ollama's own words for a request it refuses: the model is not there, or
 #: cannot generate, or an option has the wrong type (a configuration error).
 #: Anchored, so that a runner death quoting "not found" stays a runner death.
-_REFUSAL_RE = re.compile(r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
-                         r"""|("[^"]+"|\S+) does not support \w+"""
-                         r"""|option "[^"]+" must be of type \w+)$""")
+_REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
+            r"""|("[^"]+"|\S+) does not support \w+"""
+            r"""|option "[^"]+" must be of type \w+)$""")
 
 #: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
-_DURATION_RE = re.compile(r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$")
-_NUMBER_RE = re.compile(r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$")
+_DURATION = r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$"
+_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 _BARE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+%,\[\]-]+$")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
@@ -382,12 +382,12 @@ def same_model(a, b):
 def parse_keep_alive(text):
     """A keep_alive in a form Ollama accepts: number of seconds or duration."""
     text = text.strip()
-    if _NUMBER_RE.match(text):
+    if re.match(_NUMBER, text):
         number = float(text)
         if abs(number) > 1e9:       # Go's time.Duration ends at 292 years
             raise ValueError("%r: more seconds than Ollama accepts" % text)
         return int(number) if number == int(number) else number
-    if _DURATION_RE.match(text):
+    if re.match(_DURATION, text):
         return text
     raise ValueError("%r is neither seconds (600, -1) nor a duration "
                      "with a unit (10m, 1h, 30s)" % text)
@@ -564,7 +564,7 @@ def parse_smi_csv(text):
                              found.group(2), found.group(3).strip()))
             continue
         value = dict(zip(SMI_FIELDS, fields))
-        number = lambda key: int(float(value[key])) if _NUMBER_RE.match(value[key]) else None
+        number = lambda key: int(float(value[key])) if re.match(_NUMBER, value[key]) else None
         gpus.append(gpu_record(
             number("index"), value["uuid"], value["name"],
             total=number("memory.total"), free=number("memory.free"),
@@ -707,7 +707,7 @@ def classify_runner_error(message):
         return EX_TEMPFAIL
     if "server busy" in low or any(m in low for m in LOAD_TIMEOUT_MARKERS):
         return EX_TEMPFAIL
-    if _REFUSAL_RE.match(message.strip()):
+    if re.match(_REFUSAL, message.strip()):
         return EX_CONFIG
     return EX_UNAVAILABLE
 
@@ -1008,6 +1008,18 @@ The bearer token is read from --token-file or GPU_PREFLIGHT_TOKEN only.
 """
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help layout, without importing shutil (2 ms of every run:
+    argparse makes a formatter even when no help is printed)."""
+
+    def __init__(self, prog):
+        try:
+            width = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(1).columns
+        except (OSError, ValueError):
+            width = 80
+        argparse.RawDescriptionHelpFormatter.__init__(self, prog, width=max(width, 40) - 2)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so main() keeps control."""
 
@@ -1043,7 +1055,7 @@ def build_parser():
     """The command line: every option defaults to None (= not given)."""
     parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:7]),
                      epilog=EPILOG, allow_abbrev=False,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                     formatter_class=_Formatter)
     for title, options in OPTIONS:
         group = parser.add_argument_group(title)
         for name, short, _, kind, default, metavar, text in options:
@@ -2267,8 +2279,7 @@ def check_requirements(run):
 #: An Ollama answer meaning "an embedding model, it cannot generate" (all
 #: releases: 'embedding models do not support generate', 'M does not support
 #: generate', '"M" does not support generate').
-_EMBEDDING_REFUSAL_RE = re.compile(r"(does not support generate|embedding models do not "
-                                   r"support)", re.I)
+_EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not support)"
 
 
 def ollama_generate(run, client, model):
@@ -2285,7 +2296,7 @@ def ollama_generate(run, client, model):
         try:
             answer = client.call("POST", "/api/generate", budget, payload)
         except Fail as exc:
-            if model["kind"] is None and _EMBEDDING_REFUSAL_RE.search(exc.detail or ""):
+            if model["kind"] is None and re.search(_EMBEDDING_REFUSAL, exc.detail or ""):
                 return False
             raise
         try:
@@ -2481,8 +2492,8 @@ OPENAI_ASKS = {
 #: What servers answer a request of the wrong kind for the model (generation
 #: to an embedding model), which differs by server and version: the text
 #: tells, not the status.
-_WRONG_KIND_RE = re.compile(r"does not support (completions|chat|generate)"
-                            r"|(Chat )?Completions API|embedding=True|Pooling type", re.I)
+_WRONG_KIND = (r"(?i)does not support (completions|chat|generate)"
+               r"|(Chat )?Completions API|embedding=True|Pooling type")
 
 
 def prove_openai(run, client, model):
@@ -2506,7 +2517,7 @@ def ask_openai(run, client, model, stage):
         try:
             doc = client.json("POST", path, budget, dict(body, model=model["name"]))
         except Fail as exc:
-            if stage != "embedding" and _WRONG_KIND_RE.search(exc.detail or ""):
+            if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
                 return "wrong kind"
             if stage == "completion" and exc.status in (404, 405):
                 return "no route"
@@ -2517,7 +2528,7 @@ def ask_openai(run, client, model, stage):
             first = data[0] if isinstance(data, list) and data else None
             need_vector(doc, first.get("embedding") if isinstance(first, dict) else None,
                         "POST " + path, "data[0].embedding")
-        elif error is not None and _WRONG_KIND_RE.search(error):
+        elif error is not None and re.search(_WRONG_KIND, error):
             return "wrong kind"
         elif error is not None:
             raise Fail(classify_runner_error(error), "POST %s: error from the model %s: "
@@ -2770,9 +2781,11 @@ def state_key(opts, environ):
     """The file name of a check's state: readable, plus a checksum of all that
     defines the check (options, the GPUs the environment selects, the API,
     the token's digest, TLS settings)."""
-    import hashlib
     import zlib
-    token = opts.token and hashlib.sha256(opts.token.encode("ascii")).hexdigest()
+    token = None
+    if opts.token:              # hashlib only then: importing it costs 2 ms
+        import hashlib
+        token = hashlib.sha256(opts.token.encode("ascii")).hexdigest()
     check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
                         for o in each_option() if o[2] == CHECK] + [
         environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",

@@ -22,6 +22,8 @@ time of --runs process launches, in cron's environment (PATH only). Printed:
                        stage through the fake libnvidia-ml.so.1
                        (tests/fake_nvml.c, built with cc) and the fake
                        nvidia-smi
+                       and one model against two (issue 11: a second model
+                       costs only its own warm-up request)
   copied file, ...     python3 gpu_preflight.py, compiled on every run
   curl, two calls      GET /api/tags && POST /api/generate, a shell one-liner
   requests, two calls  the seed's approach with requests (when importable)
@@ -58,7 +60,7 @@ SCRIPT = os.path.join(REPO, "gpu_preflight.py")
 sys.path.insert(0, TESTS)
 
 import fakes  # noqa: E402
-from ollama_emu import Emulator, free_port  # noqa: E402
+from ollama_emu import Emulator, Model, free_port  # noqa: E402
 
 BODY = json.dumps({"model": "llama3.2:latest", "prompt": "test", "stream": False,
                    "options": {"num_predict": 1}})
@@ -216,6 +218,9 @@ def main(argv=None):
     warm = Emulator().start()
     trickle = Emulator(mode="trickle").start()
     hang = Emulator(mode="hang").start()
+    pair = Emulator(models=(Model("qwen3:latest", "generate", ["completion", "tools"]),
+                            Model("nomic-embed-text:latest", "embed")),
+                    loaded=("qwen3:latest", "nomic-embed-text:latest")).start()
     refused = "127.0.0.1:%d" % free_port()
     try:
         command, config = install(py, work)
@@ -232,6 +237,9 @@ def main(argv=None):
             ("installed, refused port", gp + ["--host", refused]),
             ("installed, reused verdict", gp + [
                 "--host", warm.url, "--share-result", "86400", "--state-dir", state]),
+            ("installed, one of two models", gp + ["--host", pair.url, "--model", "qwen3"]),
+            ("installed, two models", gp + ["--host", pair.url, "--model", "qwen3",
+                                            "--model", "nomic-embed-text"]),
             ("copied file, healthy", copied + ["--host", warm.url]),
             ("copied file, refused port", copied + ["--host", refused]),
         ]
@@ -259,6 +267,12 @@ def main(argv=None):
             if (code != 0) != ("refused" in name):
                 raise SystemExit("bench: %r exited %d; not measuring a failure"
                                  % (name, code))
+        sent = {}                           # requests per run, one model and two
+        for name, cmd in variants:
+            if "model" in name:
+                before = len(pair.requests)
+                timed(cmd)
+                sent[name] = [r[1] for r in pair.requests[before:]]
         fast = measure(variants, args.runs)
         slow_runs = max(3, args.runs // 4)
         slow = measure([
@@ -284,7 +298,7 @@ def main(argv=None):
                                                     "86400", "--state-dir", state])):
                 imports[name] = import_times(py, gp + extra, args.runs)
     finally:
-        for emu in (warm, trickle, hang):
+        for emu in (warm, trickle, hang, pair):
             emu.stop()
         shutil.rmtree(work, ignore_errors=True)
 
@@ -326,6 +340,12 @@ def main(argv=None):
           % (copied_ms / floor, verdict(copied_ms <= 1.7 * floor)))
     print("  overshoot            %5.3f s (< 0.25)          %s"
           % (max(overshoot.values()), verdict(max(overshoot.values()) < 0.25)))
+    one, two = (median_ms(fast["installed, %s" % n]) for n in ("one of two models",
+                                                                  "two models"))
+    extra = len(sent["installed, two models"]) - len(sent["installed, one of two models"])
+    print("  second model         %+5.1f ms, %+d request(s) (%s) over one model"
+          % (two - one, extra, ", ".join(sorted(set(sent["installed, two models"])
+                                                 - set(sent["installed, one of two models"])))))
     if "installed, GPU NVML" in fast:
         nvml = median_ms(fast["installed, GPU NVML"]) - healthy
         print("  NVML stage           %+5.1f ms over healthy (< 15) %s"
