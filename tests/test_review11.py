@@ -4,7 +4,8 @@ embedding models, required capabilities).
 Each test reproduces one finding: a real server version the check refuses
 (vLLM with task-gated routes), two tags of one blob reported as evicted, a
 --require that --warmup off, a failing /api/show or an observed model kind
-silently waives, a default model that ends in an internal error, a failure
+silently waives, a llama-server router that
+unloads one model for the next, a default model that ends in an internal error, a failure
 reason that does not say which model failed, an environment --require that
 refuses what the flag accepts, and a NaN taken for a vector. They fail on the
 code the review looked at (3ccd4bc) and pass once each finding is fixed.
@@ -58,6 +59,24 @@ class OpenAIKindsTest(ModelsCase):
         res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
                          "--require", "nomic-embed-text=completion")
         self.verdict(res, 78, "nomic-embed-text", "completion")
+
+
+class RouterTest(ModelsCase):
+    def test_llama_server_router_unloading_a_model_is_not_ready(self):
+        """llama-server router mode unloads the least recently used model when
+        --models-max run (by count, multi-model.md B6): after proving both,
+        GET /v1/models says the first is "unloaded". The job would reload a
+        model on every call, as on an Ollama that evicts: 75 naming it
+        (reference section 3: status.value == "loaded" for every id)."""
+        emu = self.openai("llamacpp", models=("qwen2.5-7b", "llama3.1-8b"), router_max=1)
+        res = self.check(emu.url, "--api", "openai", "--model", "qwen2.5-7b",
+                         "--model", "llama3.1-8b")
+        self.verdict(res, 75, "qwen2.5-7b")
+        self.assertEqual(emu.running, ["llama3.1-8b"])
+        emu = self.openai("llamacpp", models=("qwen2.5-7b", "llama3.1-8b"), router_max=4)
+        res = self.check(emu.url, "--api", "openai", "--model", "qwen2.5-7b",
+                         "--model", "llama3.1-8b")
+        self.verdict(res, 0)
 
 
 class AliasTest(ModelsCase):
