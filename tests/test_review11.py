@@ -4,10 +4,10 @@ embedding models, required capabilities).
 Each test reproduces one finding: a real server version the check refuses
 (vLLM with task-gated routes), two tags of one blob reported as evicted, a
 --require that --warmup off, a failing /api/show or an observed model kind
-silently waives, a llama-server router that
-unloads one model for the next, a default model that ends in an internal error, a failure
-reason that does not say which model failed, an environment --require that
-refuses what the flag accepts, and a NaN taken for a vector. They fail on the
+silently waives, a llama-server router that unloads one model for the next,
+a default model that ends in an internal error, a failure reason that does
+not say which model failed, an environment --require that refuses what the
+flag accepts, and a NaN taken for a vector. They fail on the
 code the review looked at (3ccd4bc) and pass once each finding is fixed.
 The real script in cron's environment (support.run_script) against the
 emulators (tests/ollama_emu.py, tests/openai_emu.py) or a scripted server.
