@@ -36,7 +36,9 @@ What the server says depends on `version` (default 0.32.15), as the real one:
                  free VRAM, before in all of it; alone, it loads partially
                  offloaded.  /api/ps then lists only what is resident, with
                  size and size_vram.  One load at a time; from 0.32.4 GET
-                 /api/ps blocks while a load is under way
+                 /api/ps blocks while a load is under way.  Aliases (Model
+                 blob=, as ollama cp makes them) share one digest and one
+                 runner, listed once in /api/ps under the name that loaded it
   /api/ps        404 before 0.1.38; context_length from 0.10.0
   wrong method   405 from 0.6.9, 404 before
 
@@ -479,10 +481,14 @@ class Model(object):
                   places it in the VRAM budget
     dims          embedding width (768 embed, 3072 generate)
     arch          general.architecture (default from the name)
+    blob          the weights' blob: models with the same blob are aliases
+                  (ollama cp): one digest in /api/tags, one runner (the
+                  scheduler's key is the blob path), and /api/ps lists it once,
+                  under the name that loaded it (default: a blob of its own)
     """
 
     def __init__(self, name, kind="generate", capabilities=None, size=None,
-                 load_seconds=None, gpu_pct=None, dims=None, arch=None):
+                 load_seconds=None, gpu_pct=None, dims=None, arch=None, blob=None):
         if kind not in KINDS:
             raise ValueError("unknown kind %r (one of %s)" % (kind, ", ".join(KINDS)))
         if capabilities is None:
@@ -495,6 +501,7 @@ class Model(object):
         self.size, self.load_seconds, self.gpu_pct = size, load_seconds, gpu_pct
         self.dims = dims or (768 if kind == "embed" else 3072)
         self.arch = arch or _arch(name, kind)
+        self.blob = blob
 
     @classmethod
     def parse(cls, spec):
@@ -744,7 +751,7 @@ class Emulator(HTTPEmulator):
         spec = self._spec(name)
         entry = {"name": name, "model": name, "modified_at": self._modified,
                  "size": self._size(spec),
-                 "digest": hashlib.sha256(name.encode("utf-8")).hexdigest(),
+                 "digest": hashlib.sha256((spec.blob or name).encode("utf-8")).hexdigest(),
                  "details": self._details(spec)}
         if self.v >= (0, 30, 0):
             entry["details"].update([("context_length", 2048 if spec.kind == "embed"
@@ -1133,7 +1140,20 @@ class Emulator(HTTPEmulator):
         if keep is not None or name not in self._keep:
             self._keep[name] = _DEFAULT_KEEP if keep is None else keep
 
+    def _runner(self, name):
+        """schedulerModelKey is the blob: an alias of a loaded (or loading) model
+        uses that model's runner, which keeps the name that loaded it."""
+        blob = self._spec(name).blob
+        if blob is None:
+            return name
+        with self._lock:
+            for other in sorted(self.loaded) + sorted(self._loading):
+                if other != name and self._spec(other).blob == blob:
+                    return other
+        return name
+
     def _release(self, name, keep):
+        name = self._runner(name)
         with self._lock:
             self._refs[name] = max(0, self._refs.get(name, 0) - 1)
             if keep == 0:
@@ -1143,6 +1163,7 @@ class Emulator(HTTPEmulator):
         """Schedule name: use it when loaded, else (one load at a time, after evicting
         what must go) load it for its load time, sending no byte meanwhile.  The load
         ns, or None when the client left first (a load with no client left aborts)."""
+        name = self._runner(name)
         spec = self._spec(name)
         seconds = self.load_seconds if spec.load_seconds is None else spec.load_seconds
         rec = None

@@ -61,6 +61,15 @@ pooling model).  What a request of the wrong kind gets, and /v1/embeddings:
 embedding_shape="nested" makes any flavour answer embeddings as a list of
 per-token vectors (what pooling-none models give), "flat" one vector.
 
+llamacpp router mode (router_max=N / --router-max N: llama-server --models-dir
+... --models-max N, multi-model.md B6): GET /models and /v1/models list every
+model as {"object":"list","data":[{"id","aliases","tags","object":"model",
+"owned_by":"llamacpp","created","status":{"value":"loaded"|"unloaded"}}]};
+POST requests need "model" (missing: 400 "model name is missing from the
+request"; unknown: 400 "model 'x' not found"), autoload it, and when N
+models run already unload the least recently used one first (unload_lru: by
+count, no VRAM check; 0 = unlimited). Every child runs with the same flags.
+
 Modes (fault_on / --fault-on restricts a mode to one path, default "all"):
   healthy         faithful server (the default)
   loading         the first load_seconds after start: vllm refuses connections,
@@ -316,7 +325,7 @@ class OpenAIEmulator(HTTPEmulator):
     def __init__(self, flavour="vllm", mode="healthy", models=("qwen2.5-0.5b",),
                  load_seconds=0.0, token=None, host="127.0.0.1", port=None,
                  fault_on="all", max_model_len=32768, embeddings=False,
-                 wrong_kind="200-nested", embedding_shape=None):
+                 wrong_kind="200-nested", embedding_shape=None, router_max=None):
         if flavour not in FLAVOURS:
             raise ValueError("unknown flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
         if mode not in MODE_NAMES:
@@ -333,6 +342,8 @@ class OpenAIEmulator(HTTPEmulator):
         self.kinds = dict(specs)
         self.embeddings, self.wrong_kind = embeddings, wrong_kind
         self.embedding_shape = embedding_shape
+        self.router_max = router_max    # llamacpp router mode: --models-max
+        self.running = []               # router mode: loaded models, least recent first
         self.token = token
         self.max_model_len = max_model_len
         self.version = VLLM_VERSION
@@ -672,7 +683,13 @@ class OpenAIEmulator(HTTPEmulator):
                 return self._llama_error(500, LLAMA_LOAD_FAILED, "server_error")
             return self._llama_json(200, {"status": "ok"})
         if path in ("/models", "/v1/models"):
+            if self.router_max is not None:
+                return self._llama_json(200, self._router_models(mode))
             return self._llama_json(200, self._llama_models(mode))
+        if self.router_max is not None and method == "POST":
+            refusal = self._router_use(body)
+            if refusal:
+                return refusal
         if path in ("/embedding", "/embeddings", "/v1/embeddings"):
             return self._llama_embeddings(body, mode, oai=path != "/embedding")
         return self._llama_generate(body, mode, chat=path.endswith("/chat/completions"))
@@ -732,6 +749,39 @@ class OpenAIEmulator(HTTPEmulator):
         return self._llama_json(200, {"data": data, "model": model, "object": "list",
                                       "usage": {"prompt_tokens": tokens,
                                                 "total_tokens": tokens}})
+
+    def _router_use(self, body):
+        """router_validate_model, then autoload: the model runs, the least
+        recently used one unloaded first when --models-max run already."""
+        try:
+            req = json.loads(body.decode("utf-8", "replace"))
+        except ValueError:
+            return None                          # the child answers it
+        name = req.get("model") if isinstance(req, dict) else None
+        if not isinstance(name, str) or not name:
+            return self._llama_error(400, "model name is missing from the request",
+                                     "invalid_request_error")
+        if name not in self.models:
+            return self._llama_error(400, "model '%s' not found" % name,
+                                     "invalid_request_error")
+        with self._lock:
+            if name in self.running:
+                self.running.remove(name)
+            elif self.router_max:
+                while len(self.running) >= self.router_max:
+                    self.running.pop(0)
+            self.running.append(name)
+        return None
+
+    def _router_models(self, mode):
+        names = () if mode == "empty_models" else self.models
+        now = int(time.time())
+        with self._lock:
+            running = list(self.running)
+        return {"object": "list", "data": [
+            {"id": name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp",
+             "created": now, "status": {"value": "loaded" if name in running else "unloaded"}}
+            for name in names]}
 
     def _llama_models(self, mode):
         names = () if mode == "empty_models" else self.models
@@ -917,6 +967,8 @@ def main(argv=None):
                         help="force one vector or one per token in data[].embedding")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
                         help="length of the loading phase of mode loading (default 5)")
+    parser.add_argument("--router-max", type=int, default=None, metavar="N",
+                        help="llamacpp: router mode with --models-max N (0: unlimited)")
     parser.add_argument("--token", default=None, metavar="KEY",
                         help="require Authorization: Bearer KEY (as --api-key does)")
     parser.add_argument("--fault-on", default="all", metavar="PATH",
@@ -929,7 +981,8 @@ def main(argv=None):
                              load_seconds=args.load_seconds, token=args.token,
                              host=args.host, port=port, fault_on=args.fault_on,
                              embeddings=args.embeddings, wrong_kind=args.wrong_kind,
-                             embedding_shape=args.embedding_shape)
+                             embedding_shape=args.embedding_shape,
+                             router_max=args.router_max)
     except ValueError as exc:
         parser.error(str(exc))
     details = "flavour=%s mode=%s models=%s token=%s" % (
