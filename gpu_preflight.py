@@ -263,9 +263,13 @@ def parse_json(text):
     (Python 3.11's own limit: before it, parsing one is quadratic and holds
     the interpreter past any deadline)."""
     try:
-        return json.loads(text, parse_int=_bounded_int)
+        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("nested too deeply")
+
+
+def _no_constant(name):         # NaN, Infinity: Python writes them, JSON has none
+    raise ValueError("%s is not JSON" % name)
 
 
 def _bounded_int(digits):
@@ -450,6 +454,12 @@ def utf8(text):
         return text.encode("utf-8", "surrogateescape").decode("utf-8")
     except UnicodeError:
         return text
+
+
+def split_require(text):
+    """--require items of an environment or config value: "tools, vision
+    qwen3=thinking" is two items (a comma joins, a blank parts)."""
+    return re.sub(r"\s*,\s*", ",", text).split()
 
 
 def shlex_split(text):
@@ -908,7 +918,7 @@ OPTIONS = (
          "a model the job uses; repeatable, or NAME,NAME (default: one already "
          "loaded, else the first listed). Each must be present and answer, and "
          "all must sit in VRAM together; an embedding model is proven by a vector"),
-        ("require", None, CHECK, (parse_require, shlex_split), None,
+        ("require", None, CHECK, (parse_require, split_require), None,
          "[MODEL=]CAP[,CAP]", "capabilities the job's generative models (or MODEL) "
          "must declare: %s; repeatable" % ", ".join(CAPABILITIES)),
         ("warmup", None, CHECK, parse_choice("token", "load", "off"), "token", "token|load|off",
@@ -1767,9 +1777,10 @@ class Client(object):
             self.headers["Authorization"] = "Bearer " + token
         self.opener = http_opener(context, is_loopback(host))
 
-    def call(self, method, path, budget, payload=None):
-        """The body of a 2xx answer to METHOD path, read within limits."""
-        what = "%s %s" % (method, path)
+    def call(self, method, path, budget, payload=None, about=None):
+        """The body of a 2xx answer to METHOD path, read within limits;
+        about: the model it concerns, for reasons."""
+        what = "%s %s%s" % (method, path, " for " + about if about else "")
         from urllib.error import HTTPError
         from urllib.request import Request
         data = None if payload is None else json.dumps(payload).encode("ascii")
@@ -1816,13 +1827,14 @@ class Client(object):
                        "Ollama sends" % (what, limit // (1024 * 1024)))
         return body[:limit]
 
-    def json(self, method, path, budget, payload=None):
+    def json(self, method, path, budget, payload=None, about=None):
         """A 2xx answer parsed as a JSON object."""
-        body = self.call(method, path, budget, payload)
+        body = self.call(method, path, budget, payload, about)
         try:
             doc = parse_json(body.decode("utf-8"))
         except ValueError as exc:
-            raise not_json("%s %s" % (method, path), body, exc)
+            raise not_json("%s %s%s" % (method, path, " for " + about if about else ""),
+                           body, exc)
         if not isinstance(doc, dict):
             raise Fail(EX_CONFIG, "not an %s server: %s %s did not answer a JSON "
                        "object" % ("OpenAI-compatible" if self.api == "openai"
@@ -1967,6 +1979,8 @@ class Run(object):
         except Fail as exc:
             self._record(stage, "unknown" if optional else "fail", exc.reason)
             exc.stage = exc.stage or name
+            if model is not None and not optional:
+                model["reason"] = exc.reason
             raise
         except Interrupted as exc:  # in the main thread: the GPU stage
             self._record(stage, "fail", "interrupted")
@@ -2136,11 +2150,11 @@ def check_service(run, client):
     opts = run.opts
     with run.step("tags") as budget:
         listed = model_list(client.json("GET", "/api/tags", budget), "/api/tags")
-        names = [_name(m) for m in listed]
-        if not opts.model and not names:
+        if not listed and not opts.model:
             raise Fail(EX_CONFIG, "the server has no models: pull one "
                        "(ollama pull NAME) and name it with --model")
-        choose_models(run, names, "ollama pull", "present on the server", "it has")
+        if opts.model:
+            choose_models(run, listed, opts.model, "present on the server", "it has")
     if opts.warmup != "off" or not opts.model:
         running = None
         try:
@@ -2149,16 +2163,15 @@ def check_service(run, client):
         except Fail as exc:
             run.notes.append("loaded models unknown (%s)" % exc.reason)
         if not opts.model:          # one already loaded, else the first listed
-            in_tags = [_name(m) for m in running or ()
-                       if any(same_model(_name(m), n) for n in names)]
-            choose_models(run, (in_tags or names)[:1], None, None, None)
+            loaded = [find_model(_name(m), [_name(e) for e in listed]) for m in running or ()]
+            choose_models(run, listed, [n for n in loaded if n][:1] or [_name(listed[0])])
         for model in run.models:
-            model["was_loaded"] = None if running is None else any(
-                same_model(_name(m), model["name"]) for m in running)
+            model["was_loaded"] = None if running is None else bool(entries_of(model, running))
+    if opts.require or opts.warmup != "off":
+        ollama_kinds(run, client)
+        check_requirements(run)
     if opts.warmup == "off":
         return "service up, %s present (warm-up off)" % model_names(run)
-    ollama_kinds(run, client, listed)
-    check_requirements(run)
     for model in run.models:    # one after another: a load can take the GPU
         with run.timing(model):
             if model["kind"] != "embed" and ollama_generate(run, client, model):
@@ -2166,6 +2179,7 @@ def check_service(run, client):
             else:
                 model["kind"] = "embed"
                 ollama_embed(run, client, model)
+    check_requirements(run, observed=True)
     if not opts.allow_cpu or len(run.models) > 1:   # a reload may land elsewhere
         with run.step("placement") as budget:
             running = running_models(run, client, budget)
@@ -2176,22 +2190,21 @@ def check_service(run, client):
     return answered(run)
 
 
-def choose_models(run, names, pull, where, listing):
-    """run.models from the names asked for (--model), as the server lists
-    them; Fail (78) naming every one it lacks. With no --model, names is the
-    one model chosen."""
-    wanted = run.opts.model or names
+def choose_models(run, listed, wanted, where=None, listing=None):
+    """run.models: the entries of listed (the server's model list) that mean
+    the names wanted, in that order; Fail (78) naming every one missing."""
+    names = [_name(e) for e in listed]
     found = [find_model(w, names) for w in wanted]
     missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
     if missing:
         raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
             "s" if len(missing) > 1 else "", ", ".join(missing),
             "are not" if len(missing) > 1 else "is not", where,
-            " (%s %s)" % (pull, " / ".join(missing)) if pull else "", listing,
-            sanitise(", ".join(names[:10]) or "no models")))
+            " (ollama pull %s)" % " / ".join(missing) if run.api == "ollama" else "",
+            listing, sanitise(", ".join(names[:10]) or "no models")))
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
-                       resident=None, size_vram=None, was_loaded=None, reason="")
-                  for n in found]
+                       resident=None, size_vram=None, size=None, was_loaded=None, reason="",
+                       entry=listed[names.index(n)]) for n in found]
     run.model = found[0]
 
 
@@ -2200,6 +2213,14 @@ def find_model(wanted, names):
     as Ollama compares names), or None."""
     found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
     return found[0] if found else None
+
+
+def entries_of(model, running):
+    """The /api/ps entries that are this model: by name, or by the digest
+    /api/tags gave it (two tags of one blob share one runner, listed once)."""
+    digest = model["entry"].get("digest")
+    return [m for m in running if same_model(_name(m), model["name"]) or (
+        isinstance(digest, str) and digest and m.get("digest") == digest)]
 
 
 def model_names(run):
@@ -2215,24 +2236,26 @@ def answered(run):
     return "%d models answered: %s" % (len(said), ", ".join(said))
 
 
-def ollama_kinds(run, client, listed):
+def ollama_kinds(run, client):
     """Each model's kind and capabilities before anything is sent to it:
     from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
     servers say nothing, and a generative warm-up's refusal tells."""
     for model in run.models:
-        entry = next(m for m in listed if _name(m) == model["name"])
-        caps = capabilities(entry, "GET /api/tags")
-        if caps is None and "capabilities" not in entry:
+        caps = capabilities(model["entry"], "GET /api/tags")
+        if caps is None and "capabilities" not in model["entry"]:
             try:
-                with run.step("show", optional=True) as budget:
+                with run.step("show", optional=True, model=model) as budget:
                     caps = capabilities(client.json("POST", "/api/show", budget, {
-                        "model": model["name"], "name": model["name"]}), "POST /api/show")
-            except Fail as exc:
+                        "model": model["name"], "name": model["name"]},
+                        about=model["name"]), "POST /api/show")
+            except Fail as exc:     # a --require on this model cannot be judged
+                model["unreadable"] = exc
                 run.notes.append("capabilities of %s unknown (%s)" % (model["name"],
                                                                       exc.reason))
-        if caps is not None:
+        if caps is not None:        # "embedding" alone: an embedding model
             model["capabilities"] = caps
-            model["kind"] = "embed" if "embedding" in caps else "generate"
+            model["kind"] = "generate" if "completion" in caps or \
+                "embedding" not in caps else "embed"
 
 
 def capabilities(doc, what):
@@ -2246,31 +2269,49 @@ def capabilities(doc, what):
     return caps
 
 
-def check_requirements(run):
+def check_requirements(run, observed=False):
     """--require: the capabilities the job's models must declare (CAP for
     every generative model, MODEL=CAP for one). Fail (78) naming what is
-    lacking; a server that declares none gets a problem note instead."""
-    strays = [t for t, _ in run.opts.require if t and not any(
+    lacking; a server that declares none gets a problem note instead.
+    observed: after the warm-ups, hold "completion" and "embedding" to the
+    kind each model showed (the only word on it from OpenAI servers)."""
+    require = run.opts.require
+    strays = [t for t, _ in require if t and not any(
         same_model(t, m["name"]) for m in run.models)]
     if strays:
         raise Fail(EX_CONFIG, "--require names %s, which is not a model this check warms "
                    "(--model)" % ", ".join(sanitise(t) for t in strays))
+    if any(not t for t, _ in require) and all(m["kind"] == "embed" for m in run.models):
+        raise Fail(EX_CONFIG, "--require %s asks the generative models, and none of %s "
+                   "is one" % (",".join(c for t, cs in require if not t for c in cs),
+                               model_names(run)))
     lacking, unknown = [], []
     for model in run.models:
-        wanted = sorted(set(cap for target, caps in run.opts.require for cap in caps
+        wanted = sorted(set(cap for target, caps in require for cap in caps
                             if (same_model(target, model["name"]) if target
                                 else model["kind"] != "embed")))
-        if wanted and model["capabilities"] is None:
+        have = model["capabilities"]
+        if observed:
+            have = ["completion" if model["kind"] == "generate" else "embedding"]
+            wanted = [c for c in wanted if c in ("completion", "embedding")]
+        elif wanted and have is None and "unreadable" in model:
+            raise Fail(model["unreadable"].code, "the capabilities of %s could not be "
+                       "read, so --require cannot be checked: %s" % (
+                           model["name"], model["unreadable"].reason))
+        elif wanted and have is None:
             unknown.append(model["name"])
-        elif wanted:
-            lacking += ["%s lacks %s (it declares %s)" % (
-                model["name"], ", ".join(c for c in wanted if c not in model["capabilities"]),
-                ", ".join(model["capabilities"]) or "none")
-                for _ in (1,) if set(wanted) - set(model["capabilities"])]
+            continue
+        missing = [c for c in wanted if c not in have]
+        if missing and observed:
+            lacking.append("%s answered as a model of %s, not %s" % (
+                model["name"], have[0], ", ".join(missing)))
+        elif missing:
+            lacking.append("%s lacks %s (it declares %s)" % (
+                model["name"], ", ".join(missing), ", ".join(have) or "none"))
     if lacking:
         raise Fail(EX_CONFIG, "the job's --require is not met: %s; use a model that "
                    "declares it" % "; ".join(sanitise(l) for l in lacking))
-    if unknown:
+    if unknown and not observed:
         run.problems.append("capabilities not checked: the server declares none for %s "
                             "(Ollama before 0.6.4, or an OpenAI-compatible server)"
                             % ", ".join(sanitise(n) for n in unknown))
@@ -2292,9 +2333,10 @@ def ollama_generate(run, client, model):
                "options": dict(opts.ollama_option, num_predict=1)}
     if opts.keep_alive is not None:
         payload["keep_alive"] = opts.keep_alive
+    what = "POST /api/generate for %s" % model["name"]
     with run.step("warmup", model=model) as budget:
         try:
-            answer = client.call("POST", "/api/generate", budget, payload)
+            answer = client.call("POST", "/api/generate", budget, payload, model["name"])
         except Fail as exc:
             if model["kind"] is None and re.search(_EMBEDDING_REFUSAL, exc.detail or ""):
                 return False
@@ -2302,17 +2344,17 @@ def ollama_generate(run, client, model):
         try:
             final, error = parse_generate(answer)
         except ValueError as exc:
-            raise not_json("POST /api/generate", answer, exc)
+            raise not_json(what, answer, exc)
         if error is not None:
-            raise Fail(classify_runner_error(error), "POST /api/generate: error from the "
-                       "model %s: %s" % (model["name"], sanitise(error)))
+            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
+                       % (what, sanitise(error)))
         if final.get("done") is not True:
-            raise Fail(EX_UNAVAILABLE, "POST /api/generate: answer ended before "
-                       "done (the model stopped mid-answer)")
+            raise Fail(EX_UNAVAILABLE, "%s: answer ended before done (the model "
+                       "stopped mid-answer)" % what)
         if final.get("done_reason") == "unload":
             raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
                        "model: nothing was loaded or run")
-        load_ns = whole_number(final, "load_duration", "POST /api/generate")
+        load_ns = whole_number(final, "load_duration", what)
         if load_ns and load_ns > 1e9:
             run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
     return True
@@ -2330,7 +2372,7 @@ def ollama_embed(run, client, model):
         payload["keep_alive"] = opts.keep_alive
     with run.step("warmup", what="POST /api/embed", model=model) as budget:
         try:
-            doc = client.json("POST", "/api/embed", budget, payload)
+            doc = client.json("POST", "/api/embed", budget, payload, model["name"])
         except Fail as exc:
             if exc.status != 404:   # no such route: Ollama before 0.2.6
                 raise
@@ -2338,12 +2380,14 @@ def ollama_embed(run, client, model):
         if doc is not None:
             vectors = doc.get("embeddings")
             return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
-                               else None, "POST /api/embed", "embeddings[0]")
+                               else None, "POST /api/embed for " + model["name"],
+                               "embeddings[0]")
     del payload["input"]
     payload["prompt"] = WARMUP_PROMPT
     with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
-        doc = client.json("POST", "/api/embeddings", budget, payload)
-        need_vector(doc, doc.get("embedding"), "POST /api/embeddings", "embedding")
+        doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
+        need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model["name"],
+                    "embedding")
 
 
 def need_vector(doc, vector, what, field):
@@ -2365,7 +2409,7 @@ def need_vector(doc, vector, what, field):
 def answer_error(doc):
     """The error text inside a 200 answer ({"error": ...}, or vLLM's
     {"object": "error", "message": ...}), or None."""
-    if "error" in doc:
+    if doc.get("error") is not None:
         return error_text(doc["error"])
     if doc.get("object") == "error":
         return error_text(doc)
@@ -2390,26 +2434,22 @@ def check_placement(run, running):
     is not was unloaded when a later one loaded) and in VRAM (size_vram 0 is
     Ollama's silent CPU fallback)."""
     for model in run.models:
-        entries = [m for m in running if same_model(_name(m), model["name"])]
+        entries = entries_of(model, running)
         model["resident"] = bool(entries)
         if entries:
             size, vram = (whole_number(entries[0], key, "GET /api/ps")
                           for key in ("size", "size_vram"))
             model["size_vram"], model["size"] = vram, size
-    gone = [m["name"] for m in run.models if not m["resident"]]
+    gone = [m for m in run.models if not m["resident"]]
     if gone and len(gone) == len(run.models):
         run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
                          "GPU placement not verified" % ("model" if len(gone) == 1
-                                                         else ", ".join(gone)))
+                                                         else model_names(run)))
         return
-    if gone:
-        raise Fail(EX_TEMPFAIL, "%s %s unloaded when a later model loaded: the models do "
-                   "not fit together (OLLAMA_MAX_LOADED_MODELS too low, or not enough "
-                   "VRAM for all); raise OLLAMA_MAX_LOADED_MODELS on the server, use "
-                   "smaller models, or run these jobs apart" % (
-                       ", ".join(gone), "was" if len(gone) == 1 else "were"))
+    unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
+             "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
     for model in run.models:
-        size, vram = model.get("size"), model["size_vram"]
+        size, vram = model["size"], model["size_vram"]
         if not size or vram is None:
             run.notes.append("GPU placement of %s not reported by the server"
                              % model["name"])
@@ -2417,11 +2457,24 @@ def check_placement(run, running):
         pct = min(100, int(round(100.0 * vram / size)))
         run.vram_pct = pct if run.vram_pct is None else run.vram_pct
         if vram == 0 and not run.opts.allow_cpu:
+            model["reason"] = "runs on the CPU"
             raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
                        "lost the GPU (driver not ready, suspend/resume); restart "
                        "ollama, or pass --allow-cpu to accept it" % model["name"])
         if 0 < vram < size:
             run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
+
+
+def unloaded(run, gone, causes):
+    """Fail (75) for models a later one's load pushed out: they do not fit
+    together, and a job using them all would reload one on every call."""
+    for model in gone:
+        model["reason"] = "unloaded when a later model loaded"
+    if gone:
+        raise Fail(EX_TEMPFAIL, "%s %s unloaded when a later model loaded: the models "
+                   "do not fit together (%s, or run these jobs apart)" % (
+                       ", ".join(m["name"] for m in gone),
+                       "was" if len(gone) == 1 else "were", causes))
 
 
 def check_inference(run):
@@ -2459,25 +2512,38 @@ def check_openai(run, client):
                 raise
             run.notes.append("server has no /health")
     with run.step("models") as budget:
-        doc = client.json("GET", "/v1/models", budget)
-        data = doc.get("data", doc.get("models"))
-        if data is not None and not isinstance(data, list):
-            raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
-                       "has no data list")
-        names = [m.get("id") if isinstance(m.get("id"), str) and m["id"] else _name(m)
-                 for m in data or () if isinstance(m, dict)]
-        names = [n for n in names if n]
-        if not names:
+        served = served_models(client.json("GET", "/v1/models", budget))
+        if not served:
             raise Fail(EX_CONFIG, "the server serves no models (GET /v1/models)")
-        choose_models(run, names if run.opts.model else names[:1], None, "served here",
+        choose_models(run, served, run.opts.model or [_name(served[0])], "served here",
                       "it serves")
+    check_requirements(run)         # these servers declare no capabilities
     if run.opts.warmup == "off":
         return "service up, %s served (warm-up off)" % model_names(run)
-    check_requirements(run)         # these servers declare no capabilities
     for model in run.models:
         with run.timing(model):
             prove_openai(run, client, model)
+    check_requirements(run, observed=True)
+    if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
+                                   for m in run.models):
+        with run.step("placement", what="GET /v1/models") as budget:
+            now = served_models(client.json("GET", "/v1/models", budget))
+            unloaded(run, [m for m in run.models if not any(
+                _name(e) == m["name"] and (e.get("status") or {}).get("value") == "loaded"
+                for e in now)], "llama-server's --models-max too low: raise it")
     return answered(run)
+
+
+def served_models(doc):
+    """The model entries of a /v1/models answer (vLLM's and llama-server's
+    shapes), each with its id as "name"; the router's carry a status."""
+    data = doc.get("data", doc.get("models"))
+    if data is not None and not isinstance(data, list):
+        raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
+                   "has no data list")
+    entries = [dict(m, name=m["id"] if isinstance(m.get("id"), str) and m["id"].strip()
+                    else _name(m)) for m in data or () if isinstance(m, dict)]
+    return [e for e in entries if e["name"]]
 
 
 #: How a model is proven on an OpenAI-compatible server: stage, path, body.
@@ -2492,50 +2558,55 @@ OPENAI_ASKS = {
 #: What servers answer a request of the wrong kind for the model (generation
 #: to an embedding model), which differs by server and version: the text
 #: tells, not the status.
-_WRONG_KIND = (r"(?i)does not support (completions|chat|generate)"
-               r"|(Chat )?Completions API|embedding=True|Pooling type")
+_WRONG_KIND = r"(?i)does not support (completions|chat|generate)|(Chat )?Completions API"
 
 
 def prove_openai(run, client, model):
     """One token from a generative model: a completion, or a chat completion
     where the server has no /v1/completions (404, 405: gateways, chat-only
-    servers); one vector from an embedding model, which the generation
-    request's refusal tells apart."""
+    servers); one vector from an embedding model, which a refusal of the
+    generation requests, or their absence (vLLM's task-gated routes), tells."""
     outcome = ask_openai(run, client, model, "completion")
     if outcome == "no route":
         outcome = ask_openai(run, client, model, "chat")
-    if outcome == "wrong kind":
+    if outcome != "done":
         ask_openai(run, client, model, "embedding")
 
 
 def ask_openai(run, client, model, stage):
-    """One request of prove_openai(): "done", "no route" (a completion the
-    server does not offer) or "wrong kind" (generation sent to an embedding
-    model); Fail for anything else."""
+    """One request of prove_openai(): "done", "no route" (404 or 405: the
+    server does not offer it) or "wrong kind" (generation sent to an
+    embedding model); Fail for anything else."""
     path, body = OPENAI_ASKS[stage]
+    what = "POST %s for %s" % (path, model["name"])
     with run.step(stage, model=model) as budget:
         try:
-            doc = client.json("POST", path, budget, dict(body, model=model["name"]))
+            doc = client.json("POST", path, budget, dict(body, model=model["name"]),
+                              about=model["name"])
         except Fail as exc:
             if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
                 return "wrong kind"
-            if stage == "completion" and exc.status in (404, 405):
+            if stage != "embedding" and exc.status in (404, 405):
                 return "no route"
+            if stage == "embedding" and exc.status in (404, 405, 501) or \
+                    re.search(r"(?i)support embeddings|embedding=True", exc.detail or ""):
+                raise Fail(EX_CONFIG, "%s: the server neither completes nor embeds with "
+                           "this model (%s)" % (what, sanitise(exc.detail or exc.status)))
             raise
         error = answer_error(doc)       # vLLM answered some errors with a 200
         if stage == "embedding":
             data = doc.get("data")
             first = data[0] if isinstance(data, list) and data else None
             need_vector(doc, first.get("embedding") if isinstance(first, dict) else None,
-                        "POST " + path, "data[0].embedding")
+                        what, "data[0].embedding")
         elif error is not None and re.search(_WRONG_KIND, error):
             return "wrong kind"
         elif error is not None:
-            raise Fail(classify_runner_error(error), "POST %s: error from the model %s: "
-                       "%s" % (path, model["name"], sanitise(error)))
+            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
+                       % (what, sanitise(error)))
         elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
-            raise Fail(EX_UNAVAILABLE, "POST %s: answered without a completion "
-                       "(no choices)" % path)
+            raise Fail(EX_UNAVAILABLE, "%s: answered without a completion (no choices)"
+                       % what)
     model["kind"] = "embed" if stage == "embedding" else "generate"
     return "done"
 

@@ -119,8 +119,8 @@ class AnswersTest(ContractCase):
 
         for bad, stage, text in (
                 ("ps", "placement", "GET /api/ps: not a valid answer: size_vram is 9999"),
-                ("generate", "warmup", "POST /api/generate: not a valid answer: "
-                 "load_duration is 9999")):
+                ("generate", "warmup", "POST /api/generate for llama3.2:latest: not a "
+                 "valid answer: load_duration is 9999")):
             with self.subTest(field=bad):
                 self.sink.messages(wait=0.01)
                 url = self.scripted_server(answers(bad))
