@@ -1984,7 +1984,7 @@ class Run(object):
             raise
         except Interrupted as exc:  # in the main thread: the GPU stage
             self._record(stage, "fail", "interrupted")
-            exc.stage = name
+            exc.stage = stage
             raise
         else:
             self._record(stage, "ok", "")
@@ -2015,16 +2015,17 @@ class Run(object):
                 self.wake.set()
 
     def interrupt(self, signum, stage):
-        """The verdict of SIGINT or SIGTERM, which replaces any other: also an
-        attempt's that --wait was pausing to retry."""
+        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut, if
+        any), which replaces any other: also an attempt's that --wait was
+        pausing to retry."""
         with self._lock:
             if stage:
-                where = " during " + STAGE_WHAT[stage]
+                where = " during " + stage.what
             elif self.code is not None:
                 where = " while waiting to retry (%s)" % self.reason
             else:
                 where = ""
-            self.code, self.stage = 128 + signum, stage
+            self.code, self.stage = 128 + signum, stage and stage.name
             self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
             self.wake.set()
 
@@ -3153,8 +3154,9 @@ def log_line(run, elapsed_ms):
               ("reason", verdict_reason(run)), ("host", run.opts.host),
               ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
     if len(run.models) > 1:
-        fields.append(("models", ", ".join("%s %s %dms" % (
-            m["name"], m["kind"] or "-", m["warmup_ms"] or 0) for m in run.models)))
+        fields.append(("models", ", ".join("%s %s %s" % (
+            m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
+            else "%dms" % m["warmup_ms"]) for m in run.models)))
     fields += [("%s_ms" % name, int(round(ms))) for name, ms in stage_totals(run)]
     loaded = run.models[0]["was_loaded"] if run.models else None
     if loaded is not None:
@@ -3408,8 +3410,7 @@ def main(argv=None, started=None):
             run.decide(exc.code, exc.stage, exc.reason)
         except Interrupted as exc:
             run = getattr(exc, "run", run)
-            run.interrupt(exc.signum, getattr(exc, "stage", None)
-                          or (run.current and run.current.name))
+            run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
         except Exception as exc:
             run.trace = _traceback()
             run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
