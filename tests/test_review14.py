@@ -118,6 +118,28 @@ class TestInstallReview14(InstallTestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
         self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+")
 
+    def test_no_first_run_makes_a_cache_directory_others_can_write(self):
+        # README's packager line: DESTDIR=... --no-python-check ships no
+        # __pycache__; Python creates it on the first run as root with mode
+        # 0777 & ~umask, so a run under umask 000 made it world-writable and
+        # any user could rename an unchecked-hash pyc over root's cache
+        final = os.path.join(self.tmp, "final")
+        stage = os.path.join(self.tmp, "stage")
+        self.assert_ok(self.run_install("--prefix", final, "--no-config",
+                                        "--no-python-check", "--python", sys.executable,
+                                        destdir=stage))
+        os.rename(stage + final, final)
+        self.set_prefix("", final)
+        proc = subprocess.run(
+            [self.target, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=support.cron_env(), cwd="/", timeout=60,
+            preexec_fn=support.dispositions(umask=0))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for path in (self.lib, self.cachedir):
+            if os.path.isdir(path):
+                self.assertEqual(os.stat(path).st_mode & 0o022, 0,
+                                 "%s is writable by group or others" % path)
+
     def test_a_prefix_python_cannot_read_makes_no_broken_launcher(self):
         # PREFIX goes into the launcher as a Python string: a carriage return
         # ends its line, a byte that is not UTF-8 makes the file unreadable
