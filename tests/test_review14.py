@@ -5,11 +5,14 @@ imports in gpu_preflight.py: a relative DESTDIR that hangs install.sh, a
 directory at an install path that swallows the file while install.sh reports
 it installed, a cache Python would load whose code is not the module's kept as
 "unchanged", a failed byte-compile that leaves the working install broken, a
-PREFIX that makes a launcher Python cannot read, root installing into a
-directory or under an interpreter another user controls, and a run that sends
-nothing but still imports hashlib or urllib. They fail on the code the review
-looked at and pass once each finding is fixed. The two ownership tests need
-root (they plant directories as uid 65534, nobody), like test_trust.
+first run under umask 000 that creates a world-writable __pycache__, a second
+install that leaves world-writable files or a module another user owns as
+"unchanged", a PREFIX that makes a launcher Python cannot read, root
+installing into a directory or under an interpreter another user controls,
+and a run that sends nothing but still imports hashlib or urllib. They fail on
+the code the review looked at and pass once each finding is fixed. The two
+ownership tests need root (they plant directories as uid 65534, nobody), like
+test_trust.
 
     cd tests && python3 -m unittest -v test_review14
 """
@@ -139,6 +142,23 @@ class TestInstallReview14(InstallTestCase):
             if os.path.isdir(path):
                 self.assertEqual(os.stat(path).st_mode & 0o022, 0,
                                  "%s is writable by group or others" % path)
+
+    def test_a_second_install_repairs_modes_and_owners(self):
+        # "unchanged" looked at the module's mode only: a world-writable
+        # launcher, cache or cache directory, or a module another user owns,
+        # stayed so, though running install.sh again is how one repairs it
+        self.install_live()
+        os.chmod(self.target, 0o777)
+        os.chmod(self.pyc, 0o666)
+        os.chmod(self.cachedir, 0o777)
+        if os.geteuid() == 0:
+            os.chown(self.module, NOBODY, NOBODY)
+        self.install_live()
+        for path in (self.target, self.pyc, self.cachedir, self.lib, self.module):
+            info = os.stat(path)
+            self.assertEqual(info.st_mode & 0o022, 0,
+                             "%s is writable by group or others" % path)
+            self.assertEqual(info.st_uid, os.geteuid(), path)
 
     def test_a_prefix_python_cannot_read_makes_no_broken_launcher(self):
         # PREFIX goes into the launcher as a Python string: a carriage return
