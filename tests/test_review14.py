@@ -133,10 +133,11 @@ class TestInstallReview14(InstallTestCase):
                                         destdir=stage))
         os.rename(stage + final, final)
         self.set_prefix("", final)
+        first_run_as_root = support.dispositions(umask=0o000)
         proc = subprocess.run(
             [self.target, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=support.cron_env(), cwd="/", timeout=60,
-            preexec_fn=support.dispositions(umask=0))
+            preexec_fn=first_run_as_root)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         for path in (self.lib, self.cachedir):
             if os.path.isdir(path):
