@@ -662,10 +662,13 @@ _SECRETS = {"pieces": set(), "short": set()}
 def add_secret(secret):
     """Hide secret, and any SECRET_PIECE characters of it, from every output:
     as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
-    from urllib.parse import quote
     html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     raw = secret.encode("utf-8", "surrogateescape")
-    for form in (secret, json.dumps(secret)[1:-1], quote(raw, safe=""), quote(raw),
+
+    def quote(safe):        # as urllib.parse.quote does, without importing it
+        return "".join(chr(b) if chr(b).isalnum() and b < 128 or chr(b) in "_.-~" + safe
+                       else "%%%02X" % b for b in raw)
+    for form in (secret, json.dumps(secret)[1:-1], quote(""), quote("/"),
                  html.replace('"', "&quot;").replace("'", "&#x27;"),
                  html.replace('"', "&#34;").replace("'", "&#39;")):
         if len(form) < SECRET_PIECE:
