@@ -49,7 +49,8 @@ import sys
 import threading
 import time
 
-# ---- Constants --------------------------------------------------------------
+
+# ---- The contract: exit statuses and defaults -------------------------------
 
 #: Exit statuses (BSD sysexits), the only ones the script returns.
 EX_OK = 0
@@ -58,6 +59,9 @@ EX_UNAVAILABLE = 69
 EX_SOFTWARE = 70
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
+
+#: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
+EX_NOEXEC, EX_NOTFOUND = 126, 127
 
 #: The name used in messages, syslog ident, config section and env prefix.
 PROG = "gpu_preflight"
@@ -74,73 +78,180 @@ OLLAMA_PORT = "11434"
 #: Socket timeout of each stage, and the bound of the whole run (seconds).
 DEFAULT_TIMEOUT = 3.0
 DEFAULT_DEADLINE = 10.0
+
 #: The GPU stage's own limit (capped by the deadline): NVML without
 #: persistence mode initialises every GPU, 1 to 3 s each.
 DEFAULT_GPU_TIMEOUT = 5.0
 
-#: How long past a stage's budget the watchdog waits for the socket timeout
-#: to report it itself, before it declares the stage timed out. An optional
-#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
-STAGE_GRACE = 0.05
-OPTIONAL_GRACE = 0.25
 
-#: The prompt of the token warm-up; one token is generated from it.
-WARMUP_PROMPT = "test"
+# ---- main and the attempt loop: supervision, deadline, signals --------------
 
-#: Largest answer read from a stage, from an error answer, and the largest
-#: config file (bytes).
-MAX_BODY = 4 * 1024 * 1024
-MAX_ERROR_BODY = 64 * 1024
-MAX_CONFIG = 64 * 1024
+def main(argv=None, started=None):
+    """Parse, check, report; return the exit status (nothing else exits).
 
-#: The most digits of an integer in a server's answer (parse_json()).
-MAX_INT_DIGITS = 4300
+    started: the monotonic() time the deadline counts from; the command line
+    passes the process start, a caller importing this module gets "now".
+    """
+    started = time.monotonic() if started is None else started
+    previous = _set_signals(_raise_interrupt)
+    _SECRETS["pieces"].clear()
+    _SECRETS["short"].clear()
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = args[args.index("--") + 1:] if "--" in args else None
+    args = args[:args.index("--")] if command is not None else args
+    try:
+        try:
+            if any(a == "--token" or a.startswith("--token=") for a in args):
+                raise UsageError("there is no --token: a token on the command line is "
+                                 "shown to every user by ps; use --token-file or "
+                                 "GPU_PREFLIGHT_TOKEN")
+            ns = build_parser().parse_args(args)
+            if ns.verbose and ns.quiet:
+                raise UsageError("-v/--verbose and -q/--quiet exclude each other")
+            if command == []:
+                raise UsageError("'--' must be followed by the COMMAND to run")
+            try:
+                unique_models([name for part in ns.model or () for name in part])
+            except ValueError as exc:
+                raise UsageError("argument --model: %s" % exc)
+        except _ParserExit as exc:
+            emit("stdout", "")      # --help on a full stdout still exits 0
+            return exc.status
+        except UsageError as exc:
+            emit("stderr", "%s: error: %s (see --help)\n" % (PROG, sanitise(exc, REASON_MAX)))
+            return EX_USAGE
+        opts, problem = configure(ns, os.environ)
+        run = Run(opts, started)
+        lock_fd = shared = path = None
+        try:
+            try:
+                if problem:
+                    raise Fail(EX_CONFIG, problem, "config")
+                opts.token = read_token(opts, os.environ)
+                opts.tls_context = tls_context(opts)
+            finally:                # state even for a configuration error
+                if opts.share_result or opts.metrics_file or opts.log_changes_only:
+                    try:
+                        shared = Shared(opts, os.environ)
+                    except OSError as exc:
+                        run.problems.append("state not kept: %s" % (exc.strerror or exc))
+            if command:
+                path, failure = find_command(command[0], os.environ)
+                if failure:
+                    raise Fail(failure[0], failure[1], "command")
+            if opts.lock:
+                lock_fd = take_lock(opts.lock)
+            run = check_until_ready(run, shared)
+        except Fail as exc:
+            run.decide(exc.code, exc.stage, exc.reason)
+        except Interrupted as exc:
+            run = getattr(exc, "run", run)
+            run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
+        except Exception as exc:
+            run.trace = _traceback()
+            run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
+                       % (type(exc).__name__, sanitise(exc)))
+        late = []                   # a signal now must not be lost, nor cut the report
+        _set_signals(lambda signum, frame: late.append(signum))
+        kill_probes(run)
+        keep_state(run, shared)
+        report(run)
+        if late:                    # after a ready verdict: the job must not start
+            code, why = 128 + late[0], "interrupted by %s after the verdict" % (
+                signal.Signals(late[0]).name)
+        elif command and run.code == EX_OK:
+            code, why = exec_job(path, command, lock_fd, previous)
+        else:
+            return run.code
+        run.job_failed(code, why)
+        report(run)                 # a second line: the job did not start
+        return code
+    except Interrupted as exc:      # while parsing, before a run existed
+        return 128 + exc.signum
+    except Exception as exc:        # a bug before a run existed
+        emit("stderr", "%s: internal error: %s: %s\n"
+             % (PROG, type(exc).__name__, sanitise(exc)))
+        if "--debug" in (sys.argv if argv is None else argv):
+            emit("stderr", _traceback())
+        return EX_SOFTWARE
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
-#: Caps on server text quoted in a reason, and on a whole reason (chars).
-SERVER_TEXT_MAX = 200
-REASON_MAX = 1000
-
-#: Where syslog lines go unless --syslog-address says otherwise.
-DEFAULT_SYSLOG_ADDRESS = "/dev/log"
-
-#: The most a UDP collector's name lookup, or a local stream socket, may
-#: hold the exit after the verdict (never past the deadline).
-SYSLOG_WAIT = 0.2
-
-#: What -v says when the syslog line could not be sent.
-NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
-             "systemd-journald) or name a listening socket or UDP collector with "
-             "--syslog-address; until then skips are printed on stderr")
 
 #: --wait: the first pause between attempts, doubled up to the last, and the
 #: least time left before the deadline for which another attempt is made.
 WAIT_FIRST, WAIT_MOST, MIN_ATTEMPT = 1.0, 15.0, 0.5
 
-#: How often a caller waiting for another's check (--share-result) looks.
-FLIGHT_POLL = 0.02
 
-#: Where the shared verdict and skip count live (--state-dir): the first of
-#: $XDG_RUNTIME_DIR/gpu_preflight, /run/gpu_preflight (root), and a private
-#: directory in /tmp (0700, owned by the user, checked).
-STATE_SUBDIR = "gpu_preflight"
-ROOT_STATE_DIR = "/run/gpu_preflight"
+def check_until_ready(run, shared):
+    """The checks, reusing a shared verdict when there is one, retried with
+    backoff under --wait; returns the Run that holds the final verdict."""
+    opts = run.opts
+    share = shared is not None and opts.share_result
+    try:
+        state = shared.reusable(None) if share else None
+        if state is None and opts.jitter:
+            time.sleep(max(0.0, min(opts.jitter * _random(), run.deadline_at
+                                    - time.monotonic() - opts.timeout)))
+        if state is None and share:
+            state = shared.fly(run)     # wait for a check in flight, then look again
+        if state is not None:
+            run.reused = state
+            run.decide(state["code"], state.get("stage"), "reused verdict of pid %s, "
+                       "%.1fs old: %s" % (state.get("pid"), time.time() - state["time"],
+                                          state.get("reason", "")))
+            run.model = state.get("model") or run.model
+            if state["code"] == EX_OK or retry_time(run) <= 0:
+                return run
+            run = Run(opts, run.started, attempt=1, lookup=run.lookup, before=run)
+        pause = WAIT_FIRST
+        while True:
+            try:
+                if opts.gpu:
+                    check_gpu(run)      # forks: first, while few threads exist
+                start_lookup(run)
+                if run.code is None:
+                    supervise(run, check_inference)
+            except Fail as exc:
+                run.decide(exc.code, exc.stage, exc.reason)
+            left = retry_time(run)
+            if run.code not in (EX_UNAVAILABLE, EX_TEMPFAIL) or left <= 0:
+                return run
+            time.sleep(min(left, pause * (0.75 + 0.5 * _random())))
+            pause = min(pause * 2, WAIT_MOST)
+            kill_probes(run)
+            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup,
+                      before=run)
+    except Interrupted as exc:
+        exc.run = run
+        raise
 
-#: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
-EX_NOEXEC, EX_NOTFOUND = 126, 127
 
-#: Verdicts that say nothing about the service: never shared, never skips.
-NOT_A_CHECK = ("config", "command", "lock", "shared")
+def retry_time(run):
+    """How long --wait may still pause before another attempt. Attempts go
+    on while time remains: the last gets what is left before the deadline
+    (its stages are cut there), and none is made with under MIN_ATTEMPT."""
+    opts = run.opts
+    return min(run.started + (opts.wait or 0) - time.monotonic(),
+               run.deadline_at - time.monotonic() - MIN_ATTEMPT)
 
-#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
-FACILITIES = {
-    "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5,
-    "lpr": 6, "news": 7, "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11,
-    "local0": 16, "local1": 17, "local2": 18, "local3": 19,
-    "local4": 20, "local5": 21, "local6": 22, "local7": 23,
-}
 
-#: syslog severities used: ready, skipped, configuration or internal error.
-SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
+def _random():
+    """A number in [0, 1) without importing random (it costs 2 ms)."""
+    return int.from_bytes(os.urandom(4), "big") / 2.0 ** 32
+
+
+def check_inference(run):
+    """The HTTP stages of the API in use (--api); returns the ready reason."""
+    opts = run.opts
+    client = Client(opts.host, opts.api, opts.token, opts.tls_context)
+    if opts.api == "auto":
+        run.api = client.api = check_api(run, client)
+    if run.api == "openai":
+        return check_openai(run, client)
+    return check_service(run, client)
+
 
 #: What each stage does, for reasons and --help.
 STAGE_WHAT = {
@@ -158,447 +269,459 @@ STAGE_WHAT = {
     "placement": "GET /api/ps",
 }
 
-#: GPU stage: where NVML lives when dlopen's own search fails (never a CUDA
-#: toolkit /stubs/ directory: that library is a link-time stub), and where
-#: nvidia-smi lives when cron's PATH lacks it.
-NVML_NAME = "libnvidia-ml.so.1"
-NVML_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
-             "/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
-             "/usr/lib/wsl/lib")
-SMI_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/lib/wsl/lib")
-SMI_FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used",
-              "memory.free", "utilization.gpu", "temperature.gpu")
-
-#: NVML return codes the GPU stage names (nvml.h nvmlReturn_t).
-NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 3, 7, 9
-NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
-NVML_LIB_RM_VERSION_MISMATCH = 18
-NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM = 4, 17
-#: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
-NVML_MEMORY_V2 = 0x02000028
-#: The reason for NVML error 18 / nvidia-smi exit 18 ("%s": who said it).
-VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
-                    "was upgraded without reloading the kernel module; reboot")
-#: The most a GPU probe may print (bytes), and the most its exit is awaited
-#: after its output ended (seconds; a child stuck in the driver is abandoned).
-MAX_PROBE_OUTPUT = 1024 * 1024
-PROBE_REAP_WAIT = 0.2
-
-#: Runner error text meaning GPU (or host) memory is taken: retry later.
-OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
-               "cudamalloc failed", "requires more system memory")
-
-#: Runner error text meaning the model could not load within Ollama's limit.
-LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
-                        "timed out waiting for llama-server to start")
-
-#: Ollama's own words for a request it refuses: the model is not there, or
-#: cannot generate, or an option has the wrong type (a configuration error).
-#: Anchored, so that a runner death quoting "not found" stays a runner death.
-_REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
-            r"""|("[^"]+"|\S+) does not support \w+"""
-            r"""|option "[^"]+" must be of type \w+)$""")
-
-#: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
-_DURATION = r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$"
-_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
-_BARE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+%,\[\]-]+$")
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+#: How long past a stage's budget the watchdog waits for the socket timeout
+#: to report it itself, before it declares the stage timed out. An optional
+#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
+STAGE_GRACE = 0.05
+OPTIONAL_GRACE = 0.25
 
 
-# ---- Errors -----------------------------------------------------------------
+class Stage(object):
+    """The stage under way: its name, start, the time its budget ends, what
+    it sends and the model it warms, if any."""
 
-class UsageError(Exception):
-    """A bad flag or flag value: exit 64 with a message on stderr."""
-
-
-class ConfigError(Exception):
-    """A bad config file, environment value or OLLAMA_HOST: exit 78."""
-
-
-class Fail(Exception):
-    """A stage ended the run with an exit status and a reason."""
-
-    def __init__(self, code, reason, stage=None, status=None, detail=None):
-        Exception.__init__(self, reason)
-        self.code = code
-        self.reason = reason
-        self.stage = stage
-        self.status = status        # the HTTP status, when there was one
-        self.detail = detail        # and the server's own message
+    def __init__(self, name, started, ends_at, optional, what, model):
+        self.name, self.started, self.ends_at = name, started, ends_at
+        self.optional, self.what, self.model = optional, what, model
 
 
-class TimedOut(Exception):
-    """A socket timed out; the stage turns it into a reason with context."""
+class Run(object):
+    """One preflight: options, clock, finished stages and the verdict."""
+
+    def __init__(self, opts, started, attempt=1, lookup=None, before=None):
+        self.opts = opts
+        self.attempt = attempt      # --wait: which attempt this is
+        self.reused = None          # --share-result: the state reused, if any
+        self.problems = before.problems if before else []   # state, metrics, TLS
+        self.before = before and before.reason     # --wait: the last attempt's reason
+        self.cut = False            # ended by this caller's own --deadline
+        self.unchanged = False      # --log-changes-only: same verdict as last time
+        if opts.insecure and before is None:
+            self.problems.append("TLS certificates not verified (--insecure)")
+        self.started = started
+        self.deadline_at = started + opts.deadline
+        self.stages = []            # dicts: name, status, duration_ms, reason
+        self.current = None         # the Stage under way, if any
+        self.model = (opts.model or [None])[0]     # the first model, once chosen
+        self.models = []            # dicts, one per model checked (choose_models)
+        self.vram_pct = None        # share of the first model in VRAM after warm-up
+        self.notes = []             # facts for a ready verdict
+        self.api = opts.api         # ollama or openai (auto: once detected)
+        self.code = None            # the verdict, set once
+        self.stage = None
+        self.reason = ""
+        self.trace = None           # traceback text of an internal error
+        self.lookup = lookup        # Lookup of a UDP syslog host, if any
+        self.gpu = None             # what the GPU stage found (--json "gpu")
+        self.children = []          # GPU probes not reaped yet (pids = pgids)
+        self.wake = threading.Event()   # set when a stage starts or ends
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def step(self, name, timeout=None, optional=False, what=None, model=None):
+        """Run a stage; its budget is min(timeout or --timeout, time left).
+        what: the request, when not STAGE_WHAT's; model: the one it warms."""
+        now = time.monotonic()
+        left = self.deadline_at - now
+        what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
+        if left <= 0:
+            self.cut = True
+            raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
+                       % (self.opts.deadline, what), name)
+        budget = min(timeout or self.opts.timeout, left)
+        stage = Stage(name, now, now + budget, optional, what, model)
+        self.current = stage
+        self.wake.set()
+        try:
+            yield budget
+        except TimedOut:
+            reason = self.timeout_reason(stage)
+            self._record(stage, "unknown" if optional else "fail", reason)
+            raise Fail(EX_TEMPFAIL, reason, name)
+        except Fail as exc:
+            self._record(stage, "unknown" if optional else "fail", exc.reason)
+            exc.stage = exc.stage or name
+            if model is not None and not optional:
+                model["reason"] = exc.reason
+            raise
+        except Interrupted as exc:  # in the main thread: the GPU stage
+            self._record(stage, "fail", "interrupted")
+            exc.stage = stage
+            raise
+        else:
+            self._record(stage, "ok", "")
+        finally:
+            if self.current is stage:
+                self.current = None
+            self.wake.set()
+
+    def _record(self, stage, status, reason, code=None):
+        """Record a finished stage, and with code the verdict, unless decided."""
+        with self._lock:
+            if self.code is not None:
+                return
+            ms = (time.monotonic() - stage.started) * 1000.0
+            self.stages.append({"name": stage.name, "status": status,
+                                "duration_ms": round(ms, 1), "reason": reason})
+            if stage.model:
+                self.stages[-1]["model"] = stage.model["name"]
+            if code is not None:
+                self.code, self.stage, self.reason = code, stage.name, reason
+                self.wake.set()
+
+    def decide(self, code, stage, reason):
+        """Set the verdict unless one is set already."""
+        with self._lock:
+            if self.code is None:
+                self.code, self.stage, self.reason = code, stage, reason
+                self.wake.set()
+
+    def interrupt(self, signum, stage):
+        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut, if
+        any), which replaces any other: also an attempt's that --wait was
+        pausing to retry."""
+        with self._lock:
+            if stage:
+                where = " during " + stage.what
+            elif self.code is not None:
+                where = " while waiting to retry (%s)" % self.reason
+            else:
+                where = ""
+            self.code, self.stage = 128 + signum, stage and stage.name
+            self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
+            self.wake.set()
+
+    def job_failed(self, code, why):
+        """After a ready verdict, the job did not start: that is the verdict,
+        and news however often the check was ready before."""
+        with self._lock:
+            self.code, self.stage, self.reason, self.notes = code, "command", why, []
+            self.unchanged = False
+
+    def timeout_reason(self, stage):
+        """Why a stage ran out of time, with the cold-model fix when it applies."""
+        budget = stage.ends_at - stage.started
+        if budget < self.opts.timeout - 1e-3:
+            self.cut = True
+            text = "deadline of %gs reached during %s" % (self.opts.deadline, stage.what)
+            if self.before:
+                text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
+                                                          self.before)
+        else:
+            text = "%s timed out after %gs" % (stage.what, self.opts.timeout)
+        if stage.name == "warmup" and stage.model["was_loaded"] is False:
+            text += ("; model %s was not loaded, and Ollama aborts a load when the "
+                     "client gives up, so it cannot warm in time: give the warm-up "
+                     "longer (--timeout 120 --deadline 150) or keep the model "
+                     "loaded on the server (OLLAMA_KEEP_ALIVE=-1 or --keep-alive 1h)"
+                     % stage.model["name"])
+        return text
+
+    @contextlib.contextmanager
+    def timing(self, model):
+        """Time every warm-up request of one model (its warmup_ms)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            model["warmup_ms"] = round((time.monotonic() - started) * 1000.0, 1)
+
+    def expire(self, stage):
+        """The watchdog's verdict on a stage that overran its budget."""
+        self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
+def supervise(run, work):
+    """Run work(run) in a thread and return when it ends or a limit is hit.
 
-    def __init__(self, signum):
-        BaseException.__init__(self, signum)
-        self.signum = signum
-
-
-class _ParserExit(Exception):
-    """argparse finished (--help, --version) and wants this status."""
-
-    def __init__(self, status):
-        Exception.__init__(self, status)
-        self.status = status
-
-
-# ---- Pure parsers: values in, values out ------------------------------------
-
-def is_digits(text):
-    """ASCII digits only ("\u00b2".isdigit() is true, and int() refuses it)."""
-    return bool(re.match(r"^[0-9]+$", text))
-
-
-def parse_json(text):
-    """JSON text from a server as Python values. ValueError when it is not
-    JSON, nests too deeply, or holds an integer of more than MAX_INT_DIGITS
-    (Python 3.11's own limit: before it, parsing one is quadratic and holds
-    the interpreter past any deadline)."""
-    try:
-        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply")
-
-
-def _no_constant(name):         # NaN, Infinity: Python writes them, JSON has none
-    raise ValueError("%s is not JSON" % name)
-
-
-def _bounded_int(digits):
-    if len(digits) > MAX_INT_DIGITS:
-        raise ValueError("an integer of %d digits" % len(digits))
-    return int(digits)
-
-
-def parse_ollama_host(value):
-    """Parse OLLAMA_HOST as Ollama does; return (base URL, the bad port it
-    replaced with the default, or None).
-
-    'http://host' means port 80 and 'https://host' port 443; without a scheme
-    the port is 11434; quotes and spaces are stripped; a path is kept as a
-    prefix; a bad port falls back to the default with a warning.
+    A socket timeout does not bound a trickling answer or a stalled DNS
+    lookup, so the watchdog here does: the worker thread is abandoned (it is
+    a daemon) when its stage's budget or the deadline runs out.
     """
-    text = value.strip().strip("\"'").strip()
-    port = OLLAMA_PORT
-    if "://" in text:
-        scheme, rest = text.split("://", 1)
-        port = {"http": "80", "https": "443"}.get(scheme, port)
-    elif text == "ollama.com":
-        scheme, rest, port = "https", text, "443"
-    else:
-        scheme, rest = "http", text
-    rest = rest.rstrip("/")
-    hostport, slash, path = rest.partition("/")
-    path = ("/" + path.rstrip("/")) if slash and path.strip("/") else ""
-    host, got_port = _split_host_port(hostport)
-    if got_port is None:
-        host = hostport.strip("[]") if hostport else "127.0.0.1"
-        got_port = port
-    bad_port = None
-    if not is_digits(got_port) or int(got_port) > 65535:
-        bad_port, got_port = got_port, port
-    if ":" in host:
-        host = "[%s]" % host
-    return "%s://%s:%s%s" % (scheme, host, got_port, path), bad_port
+    def target():
+        try:
+            reason = work(run)
+            run.decide(EX_OK, None, reason)
+        except Fail as exc:
+            run.decide(exc.code, exc.stage, exc.reason)
+        except Exception as exc:
+            run.trace = _traceback()
+            run.decide(EX_SOFTWARE, run.current and run.current.name,
+                       "internal error: %s: %s" % (type(exc).__name__, sanitise(exc)))
+
+    worker = threading.Thread(target=target, name="gpu_preflight-check")
+    worker.daemon = True
+    worker.start()
+    while run.code is None:
+        run.wake.clear()
+        stage = run.current
+        if stage is None:
+            limit = run.deadline_at
+        else:
+            grace = OPTIONAL_GRACE if stage.optional else STAGE_GRACE
+            limit = min(stage.ends_at + grace, run.deadline_at)
+        left = limit - time.monotonic()
+        if left > 0:
+            run.wake.wait(left)
+        elif stage is not None and run.current is stage:
+            run.expire(stage)
+        elif time.monotonic() >= run.deadline_at:
+            run.cut = True
+            run.decide(EX_TEMPFAIL, None, "deadline of %gs reached between stages"
+                       % run.opts.deadline)
+    return run.code
 
 
-def _split_host_port(text):
-    """Go's net.SplitHostPort: (host, port), or (None, None) when it fails."""
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0 or not text[end + 1:].startswith(":"):
-            return None, None
-        return text[1:end], text[end + 2:]
-    if text.count(":") != 1:
-        return None, None
-    host, port = text.split(":")
-    return host, port
+def _traceback():
+    """The current exception's traceback (imported late: it costs 2 ms)."""
+    import traceback
+    return traceback.format_exc()
 
 
-def host_url(value):
-    """A --host value: parsed like OLLAMA_HOST, but a bad port is an error."""
-    text = value.strip().strip("\"'")
-    if re.search(r"[\s?#@]", text) or text.count("[") != text.count("]"):
-        raise ValueError("%r is not a URL or HOST:PORT" % value)
-    if text.endswith("://"):
-        raise ValueError("%r names no host" % value)
-    url, bad_port = parse_ollama_host(value)
-    if bad_port is not None:
-        raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(), bad_port))
-    if not url.startswith(("http://", "https://")):
-        raise ValueError("%s: only http:// and https:// URLs are supported"
-                         % value.strip())
-    if not usable_host(url_host(url)):
-        raise ValueError("%s: %r is not a host name or IP address"
-                         % (value.strip(), url_host(url)))
-    return url
+def _raise_interrupt(signum, frame):
+    _set_signals(signal.SIG_IGN)    # a second signal must not cut the report
+    raise Interrupted(signum)
 
 
-def usable_host(host):
-    """A host urllib can connect to: a name, an IPv4 or an IPv6 literal."""
-    if ":" not in host:
-        return bool(re.match(r"^[A-Za-z0-9._~-]*$", host))
+def _set_signals(handler):
+    """Install handler for SIGINT/SIGTERM; return the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return dict((s, signal.signal(s, handler)) for s in (signal.SIGINT, signal.SIGTERM))
+
+
+def process_started():
+    """monotonic() at the time this process started (Linux /proc), or now."""
+    now = time.monotonic()
     try:
-        socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
-    except (OSError, ValueError):
-        return False
-    return True
+        with open("/proc/self/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+        age = uptime - int(fields[19]) / float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - min(max(age, 0.0), 5.0)
 
 
-def url_host(url):
-    """The host part of a base URL, without brackets or port."""
-    hostport = url.split("://", 1)[1].split("/", 1)[0]
-    host, _ = _split_host_port(hostport)
-    return host if host is not None else hostport
+# ---- Ollama: tags -> loaded -> show -> warmup -> placement ------------------
+
+def check_service(run, client):
+    """Ollama's stages, in order; returns the ready reason or raises Fail."""
+    opts = run.opts
+    with run.step("tags") as budget:
+        listed = model_list(client.json("GET", "/api/tags", budget), "/api/tags")
+        if not listed and not opts.model:
+            raise Fail(EX_CONFIG, "the server has no models: pull one "
+                       "(ollama pull NAME) and name it with --model")
+        if opts.model:
+            choose_models(run, listed, opts.model, "present on the server", "it has")
+    if opts.warmup != "off" or not opts.model:
+        running = None
+        try:
+            with run.step("loaded", optional=True) as budget:
+                running = running_models(run, client, budget)
+        except Fail as exc:
+            run.notes.append("loaded models unknown (%s)" % exc.reason)
+        if not opts.model:          # one already loaded, else the first listed
+            loaded = [find_model(_name(m), [_name(e) for e in listed]) for m in running or ()]
+            choose_models(run, listed, [n for n in loaded if n][:1] or [_name(listed[0])])
+        for model in run.models:
+            model["was_loaded"] = None if running is None else bool(entries_of(model, running))
+    if opts.require or opts.warmup != "off":
+        ollama_kinds(run, client)
+        check_requirements(run)
+    if opts.warmup == "off":
+        return "service up, %s present (warm-up off)" % model_names(run)
+    for model in run.models:    # one after another: a load can take the GPU
+        with run.timing(model):
+            if model["kind"] != "embed" and ollama_generate(run, client, model):
+                model["kind"] = "generate"
+            else:
+                model["kind"] = "embed"
+                ollama_embed(run, client, model)
+    check_requirements(run, observed=True)
+    if not opts.allow_cpu or len(run.models) > 1:   # a reload may land elsewhere
+        with run.step("placement") as budget:
+            running = running_models(run, client, budget)
+            if running is None:
+                run.notes.append("GPU placement not verified")
+            else:
+                check_placement(run, running)
+    return answered(run)
 
 
-def is_loopback(host):
-    """True for names and literals that never need a proxy."""
-    host = host.lower().strip("[]")
-    return (host in ("", "localhost", "::1", "::", "0.0.0.0")
-            or host.endswith(".localhost") or host.startswith("127."))
+def choose_models(run, listed, wanted, where=None, listing=None):
+    """run.models: the entries of listed (the server's model list) that mean
+    the names wanted, in that order; Fail (78) naming every one missing."""
+    names = [_name(e) for e in listed]
+    found = [find_model(w, names) for w in wanted]
+    missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
+    if missing:
+        raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
+            "s" if len(missing) > 1 else "", ", ".join(missing),
+            "are not" if len(missing) > 1 else "is not", where,
+            " (ollama pull %s)" % " / ".join(missing) if run.api == "ollama" else "",
+            listing, sanitise(", ".join(names[:10]) or "no models")))
+    run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
+                       resident=None, size_vram=None, size=None, was_loaded=None, reason="",
+                       entry=listed[names.index(n)]) for n in found]
+    run.model = found[0]
 
 
-def normalise_model(name):
-    """Ollama's short display name: 'llama3.2' -> 'llama3.2:latest'."""
-    name = name.strip()
-    for prefix in ("registry.ollama.ai/", "library/"):
-        if name.lower().startswith(prefix):
-            name = name[len(prefix):]
-    if ":" not in name.rsplit("/", 1)[-1]:
-        name += ":latest"
-    return name
+def find_model(wanted, names):
+    """The listed name that means model `wanted` (the exact one first, then
+    as Ollama compares names), or None."""
+    found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
+    return found[0] if found else None
 
 
-def same_model(a, b):
-    """Whether two model names mean the same model, as Ollama compares them."""
-    return normalise_model(a).lower() == normalise_model(b).lower()
+def entries_of(model, running):
+    """The /api/ps entries that are this model: by name, or by the digest
+    /api/tags gave it (two tags of one blob share one runner, listed once)."""
+    digest = model["entry"].get("digest")
+    return [m for m in running if same_model(_name(m), model["name"]) or (
+        isinstance(digest, str) and digest and m.get("digest") == digest)]
 
 
-def parse_keep_alive(text):
-    """A keep_alive in a form Ollama accepts: number of seconds or duration."""
-    text = text.strip()
-    if re.match(_NUMBER, text):
-        number = float(text)
-        if abs(number) > 1e9:       # Go's time.Duration ends at 292 years
-            raise ValueError("%r: more seconds than Ollama accepts" % text)
-        return int(number) if number == int(number) else number
-    if re.match(_DURATION, text):
-        return text
-    raise ValueError("%r is neither seconds (600, -1) nor a duration "
-                     "with a unit (10m, 1h, 30s)" % text)
+def model_names(run):
+    return ", ".join(m["name"] for m in run.models)
 
 
-def parse_ollama_option(text):
-    """KEY=VALUE for the warm-up's options; VALUE is JSON where it parses."""
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not re.match(r"^[a-z_][a-z0-9_]*$", key):
-        raise ValueError("%r: expected KEY=VALUE, e.g. num_ctx=8192" % text)
-    if key == "num_predict":
-        raise ValueError("num_predict is fixed at 1 for the warm-up")
-    try:
-        value = parse_json(raw)
-    except ValueError as exc:
-        if not isinstance(exc, json.JSONDecodeError):   # too deep, too long a number
-            raise ValueError("%s: %s" % (key, exc))
-        value = raw
-    return key, value
+def answered(run):
+    """The ready reason: what each model answered."""
+    said = ["%s %s" % (m["name"], "a vector" if m["kind"] == "embed" else "the load"
+                       if run.opts.warmup == "load" else "a token") for m in run.models]
+    if len(said) == 1:
+        return said[0].replace(" ", " answered ", 1)
+    return "%d models answered: %s" % (len(said), ", ".join(said))
 
 
-#: What Ollama's models may declare (types/model/capability.go), for --require.
-CAPABILITIES = ("completion", "tools", "insert", "vision", "embedding", "thinking",
-                "image", "audio")
+def ollama_kinds(run, client):
+    """Each model's kind and capabilities before anything is sent to it:
+    from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
+    servers say nothing, and a generative warm-up's refusal tells."""
+    for model in run.models:
+        caps = capabilities(model["entry"], "GET /api/tags")
+        if caps is None and "capabilities" not in model["entry"]:
+            try:
+                with run.step("show", optional=True, model=model) as budget:
+                    caps = capabilities(client.json("POST", "/api/show", budget, {
+                        "model": model["name"], "name": model["name"]},
+                        about=model["name"]), "POST /api/show")
+            except Fail as exc:     # a --require on this model cannot be judged
+                model["unreadable"] = exc
+                run.notes.append("capabilities of %s unknown (%s)" % (model["name"],
+                                                                      exc.reason))
+        if caps is not None:        # "embedding" alone: an embedding model
+            model["capabilities"] = caps
+            model["kind"] = "generate" if "completion" in caps or \
+                "embedding" not in caps else "embed"
 
 
-def parse_models(text):
-    """--model: one name or NAME,NAME; every name non-empty and distinct."""
-    names = [name.strip() for name in text.split(",")]
-    if not all(names):
-        raise ValueError("%r: a model name is empty" % text)
-    unique_models(names)
-    return names
+def capabilities(doc, what):
+    """The capability names a server declares in doc, or None (not said)."""
+    caps = doc.get("capabilities")
+    if caps is None:
+        return None
+    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+        raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: capabilities is not a list "
+                   "of names" % what)
+    return caps
 
 
-def unique_models(names):
-    """Raise ValueError when two names mean one model (qwen3, qwen3:latest)."""
-    for i, name in enumerate(names):
-        twice = [n for n in names[:i] if same_model(n, name)]
-        if twice:
-            raise ValueError("model %s is named twice (as %s)" % (name, twice[0]))
-
-
-def parse_require(text):
-    """--require: CAP[,CAP] or MODEL=CAP[,CAP] -> [(MODEL or None, [CAP])]."""
-    model, _, caps = text.rpartition("=")
-    caps = [c.strip() for c in caps.split(",")]
-    bad = [c for c in caps if c not in CAPABILITIES]
-    if bad or (model is not None and "=" in text and not model.strip()):
-        raise ValueError("%r: capabilities are %s" % (text, ", ".join(CAPABILITIES)))
-    return [(model.strip() or None, caps)]
-
-
-def utf8(text):
-    """text decoded as UTF-8 where it arrived escaped: Python 3.6 decodes
-    argv and the environment as ASCII under cron's C locale (3.7 and later
-    as UTF-8). Bytes that are not UTF-8 stay escaped."""
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8")
-    except UnicodeError:
-        return text
-
-
-def split_require(text):
-    """--require items of an environment or config value: "tools, vision
-    qwen3=thinking" is two items (a comma joins, a blank parts)."""
-    return re.sub(r"\s*,\s*", ",", text).split()
-
-
-def shlex_split(text):
-    """Words of an environment or config value, quoted as in a shell."""
-    import shlex
-    return shlex.split(text)
-
-
-def parse_seconds(text):
-    """A positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("%r is not a number of seconds" % text)
-    if not 0 < value < 1e6:
-        raise ValueError("%r: must be more than 0 seconds" % text)
-    return value
-
-
-def parse_facility(text):
-    """A syslog facility name, returned as its code."""
-    if text.lower() not in FACILITIES:
-        raise ValueError("%r: not a syslog facility (user, daemon, local0..local7...)"
-                         % text)
-    return FACILITIES[text.lower()]
-
-
-def parse_syslog_address(text):
-    """A UNIX datagram socket path, or HOST:PORT for UDP."""
-    if "/" in text:
-        return text
-    host, port = _split_host_port(text)
-    if not host or not port or not is_digits(port) or not 0 < int(port) < 65536:
-        raise ValueError("%r: expected a socket path or HOST:PORT" % text)
-    return (host, int(port))
-
-
-def parse_bool(text):
-    """A boolean from the environment or the config file."""
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("%r is not a boolean (1/0, true/false, yes/no)" % text)
-
-
-def parse_choice(*choices):
-    """A parser accepting one of choices."""
-    def parse(text):
-        if text not in choices:
-            raise ValueError("%r: choose %s or %s" % (text, ", ".join(choices[:-1]),
-                                                       choices[-1]))
-        return text
-    return parse
-
-
-def parse_count(text, most=10 ** 9):
-    """A whole number from 0 to most (MiB, percent, degrees, processes)."""
-    if not is_digits(text.strip()) or int(text) > most:
-        raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
-    return int(text)
-
-
-def parse_percent(text):
-    return parse_count(text, 100)
-
-
-def parse_gpu_ids(text):
-    """--gpu-id: comma-separated NVML indexes or UUIDs (or UUID prefixes)."""
-    ids = [item.strip() for item in text.split(",") if item.strip()]
-    bad = [item for item in ids if not (is_digits(item) or re.match(
-        r"^(GPU|MIG)-[0-9A-Za-z/-]+$", item))]
-    if not ids or bad:
-        raise ValueError("%r: expected indexes or UUIDs (0,1 or GPU-8f3a...)" % text)
-    return ids
-
-
-def parse_path(text):
-    """A file or directory path: not empty, no NUL byte; in the file
-    system's encoding (ASCII with escapes under Python 3.6's C locale)."""
-    if not text.strip() or "\0" in text:
-        raise ValueError("%r is not a path" % text)
-    return os.fsdecode(text.encode("utf-8", "surrogateescape"))
-
-
-def parse_nvml_lib(text):
-    """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
-    text = parse_path(text)
-    if "/stubs/" in text:
-        raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
-                         "driver's library" % text)
-    return text
-
-
-def parse_smi_csv(text):
-    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as
-    (index or None, bus id, why)).
-
-    A field in brackets ([N/A], [Not Supported]) is unknown (None), never 0;
-    lines with another field count are the tool's own messages, skipped,
-    except "Unable to determine the device handle for GPU <bus>: ..." lines.
-    """
-    gpus, lost = [], []
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(", ")]
-        if len(fields) != len(SMI_FIELDS):     # "...for GPU1: 0000:62:00.0: why"
-            found = re.search(r"device handle for GPU(?:(\d+):)? ?([0-9A-Fa-f]+:"
-                              r"[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]): (.*)", line)
-            if found:           # or, from older drivers, "for GPU 00000000:62:00.0"
-                lost.append((int(found.group(1)) if found.group(1) else None,
-                             found.group(2), found.group(3).strip()))
+def check_requirements(run, observed=False):
+    """--require: the capabilities the job's models must declare (CAP for
+    every generative model, MODEL=CAP for one). Fail (78) naming what is
+    lacking; a server that declares none gets a problem note instead.
+    observed: after the warm-ups, hold "completion" and "embedding" to the
+    kind each model showed (the only word on it from OpenAI servers)."""
+    require = run.opts.require
+    strays = [t for t, _ in require if t and not any(
+        same_model(t, m["name"]) for m in run.models)]
+    if strays:
+        raise Fail(EX_CONFIG, "--require names %s, which is not a model this check warms "
+                   "(--model)" % ", ".join(sanitise(t) for t in strays))
+    if any(not t for t, _ in require) and all(m["kind"] == "embed" for m in run.models):
+        raise Fail(EX_CONFIG, "--require %s asks the generative models, and none of %s "
+                   "is one" % (",".join(c for t, cs in require if not t for c in cs),
+                               model_names(run)))
+    lacking, unknown = [], []
+    for model in run.models:
+        wanted = sorted(set(cap for target, caps in require for cap in caps
+                            if (same_model(target, model["name"]) if target
+                                else model["kind"] != "embed")))
+        have = model["capabilities"]
+        if observed:
+            have = ["completion" if model["kind"] == "generate" else "embedding"]
+            wanted = [c for c in wanted if c in ("completion", "embedding")]
+        elif wanted and have is None and "unreadable" in model:
+            raise Fail(model["unreadable"].code, "the capabilities of %s could not be "
+                       "read, so --require cannot be checked: %s" % (
+                           model["name"], model["unreadable"].reason))
+        elif wanted and have is None:
+            unknown.append(model["name"])
             continue
-        value = dict(zip(SMI_FIELDS, fields))
-        number = lambda key: int(float(value[key])) if re.match(_NUMBER, value[key]) else None
-        gpus.append(gpu_record(
-            number("index"), value["uuid"], value["name"],
-            total=number("memory.total"), free=number("memory.free"),
-            util=number("utilization.gpu"), temp=number("temperature.gpu")))
-    return gpus, lost
+        missing = [c for c in wanted if c not in have]
+        if missing and observed:
+            lacking.append("%s answered as a model of %s, not %s" % (
+                model["name"], have[0], ", ".join(missing)))
+        elif missing:
+            lacking.append("%s lacks %s (it declares %s)" % (
+                model["name"], ", ".join(missing), ", ".join(have) or "none"))
+    if lacking:
+        raise Fail(EX_CONFIG, "the job's --require is not met: %s; use a model that "
+                   "declares it" % "; ".join(sanitise(l) for l in lacking))
+    if unknown and not observed:
+        run.problems.append("capabilities not checked: the server declares none for %s "
+                            "(Ollama before 0.6.4, or an OpenAI-compatible server)"
+                            % ", ".join(sanitise(n) for n in unknown))
 
 
-def parse_smi_apps(text):
-    """nvidia-smi --query-compute-apps=gpu_uuid,pid -> {uuid: processes}."""
-    counts = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and is_digits(fields[1]):
-            counts[fields[0]] = counts.get(fields[0], 0) + 1
-    return counts
+#: The prompt of the token warm-up; one token is generated from it.
+WARMUP_PROMPT = "test"
+
+#: An Ollama answer meaning "an embedding model, it cannot generate" (all
+#: releases: 'embedding models do not support generate', 'M does not support
+#: generate', '"M" does not support generate').
+_EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not support)"
 
 
-def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
-               temp=None, error=None):
-    """One GPU as every backend reports it; None is "cannot be read"."""
-    return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
-            "free_mib": free, "util_pct": util, "procs": procs, "temp_c": temp,
-            "mig": None, "parent": None, "access": True, "error": error,
-            "health": None}
+def ollama_generate(run, client, model):
+    """Warm a model with POST /api/generate: one token (or only the load).
+    Returns False when the server says it is an embedding model, whose kind
+    was not known before."""
+    opts = run.opts
+    payload = {"model": model["name"], "stream": False,
+               "prompt": WARMUP_PROMPT if opts.warmup == "token" else "",
+               "options": dict(opts.ollama_option, num_predict=1)}
+    if opts.keep_alive is not None:
+        payload["keep_alive"] = opts.keep_alive
+    what = "POST /api/generate for %s" % model["name"]
+    with run.step("warmup", model=model) as budget:
+        try:
+            answer = client.call("POST", "/api/generate", budget, payload, model["name"])
+        except Fail as exc:
+            if model["kind"] is None and re.search(_EMBEDDING_REFUSAL, exc.detail or ""):
+                return False
+            raise
+        try:
+            final, error = parse_generate(answer)
+        except ValueError as exc:
+            raise not_json(what, answer, exc)
+        if error is not None:
+            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
+                       % (what, sanitise(error)))
+        if final.get("done") is not True:
+            raise Fail(EX_UNAVAILABLE, "%s: answer ended before done (the model "
+                       "stopped mid-answer)" % what)
+        if final.get("done_reason") == "unload":
+            raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
+                       "model: nothing was loaded or run")
+        load_ns = whole_number(final, "load_duration", what)
+        if load_ns and load_ns > 1e9:
+            run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
+    return True
 
 
 def parse_generate(data):
@@ -620,6 +743,62 @@ def parse_generate(data):
     return objects[-1], None
 
 
+def ollama_embed(run, client, model):
+    """Warm an embedding model with POST /api/embed (input "test": an empty
+    input loads any model and proves nothing), or, on servers before 0.2.6,
+    POST /api/embeddings; ready only with a vector."""
+    opts = run.opts
+    payload = {"model": model["name"], "input": WARMUP_PROMPT}
+    if opts.ollama_option:
+        payload["options"] = dict(opts.ollama_option)
+    if opts.keep_alive is not None:
+        payload["keep_alive"] = opts.keep_alive
+    with run.step("warmup", what="POST /api/embed", model=model) as budget:
+        try:
+            doc = client.json("POST", "/api/embed", budget, payload, model["name"])
+        except Fail as exc:
+            if exc.status != 404:   # no such route: Ollama before 0.2.6
+                raise
+            doc = None
+        if doc is not None:
+            vectors = doc.get("embeddings")
+            return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
+                               else None, "POST /api/embed for " + model["name"],
+                               "embeddings[0]")
+    del payload["input"]
+    payload["prompt"] = WARMUP_PROMPT
+    with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
+        doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
+        need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model["name"],
+                    "embedding")
+
+
+def need_vector(doc, vector, what, field):
+    """Fail unless vector is a non-empty list of numbers (or of such lists:
+    per-token vectors); an error in a 200 answer is the model's error."""
+    error = answer_error(doc)
+    if error is not None:
+        raise Fail(classify_runner_error(error), "%s: error from the model: %s"
+                   % (what, sanitise(error)))
+    rows = vector if isinstance(vector, list) and vector and all(
+        isinstance(v, list) for v in vector) else [vector]
+    if not all(isinstance(r, list) and r and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
+               for r in rows):
+        raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: %s is not a non-empty list "
+                   "of numbers (the model did not embed)" % (what, field))
+
+
+def answer_error(doc):
+    """The error text inside a 200 answer ({"error": ...}, or vLLM's
+    {"object": "error", "message": ...}), or None."""
+    if doc.get("error") is not None:
+        return error_text(doc["error"])
+    if doc.get("object") == "error":
+        return error_text(doc)
+    return None
+
+
 def error_text(value):
     """The message of {"error": "..."} or an OpenAI-style {"error": {...}}."""
     if isinstance(value, dict):
@@ -627,90 +806,107 @@ def error_text(value):
     return value if isinstance(value, str) else "(an error of type %s)" % type(value).__name__
 
 
-def answer_message(body):
-    """The error message inside an error answer, or its text."""
-    text = body.decode("utf-8", "replace").strip()
+def running_models(run, client, budget):
+    """The /api/ps entries, or None from a server without /api/ps."""
     try:
-        doc = parse_json(text)
-    except ValueError:
-        return text, False
-    if isinstance(doc, dict) and "error" in doc:
-        return error_text(doc["error"]), True
-    return text, False
+        return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
+    except Fail as exc:
+        if exc.status != 404:
+            raise
+        note = "server has no /api/ps (Ollama before 0.1.38?)"
+        if note not in run.notes:
+            run.notes.append(note)
+        return None
 
 
-# ---- Pure classifiers: answers and errors -> exit status and reason ---------
-
-def sanitise(text, limit=SERVER_TEXT_MAX):
-    """Text safe for one log line: no secret, no control characters, ASCII,
-    capped (in that order: a cut or an escape must not hide a secret)."""
-    text = redact(str(text)[:limit * 16])
-    text = _CONTROL_RE.sub(" ", text).strip()
-    text = text.encode("ascii", "backslashreplace").decode("ascii")
-    if len(text) > limit:
-        text = text[:limit - 3] + "..."
-    return text
+def model_list(doc, what):
+    """The model names of a /api/tags or /api/ps answer."""
+    models = doc.get("models")
+    if not isinstance(models, list):
+        raise Fail(EX_CONFIG, "not an Ollama server: %s has no models list" % what)
+    return [m for m in models if isinstance(m, dict) and _name(m)]
 
 
-#: Every piece of SECRET_PIECE characters of the secrets in use (the bearer
-#: token, as sent and JSON-escaped), and secrets shorter than that: no output
-#: shows them (redact()). Filled by add_secret(), emptied by main().
-SECRET_PIECE = 8
-_SECRETS = {"pieces": set(), "short": set()}
+def _name(entry):
+    """A model entry's name ("name", else "model"), or None."""
+    return next((entry[key] for key in ("name", "model")
+                 if isinstance(entry.get(key), str) and entry[key].strip()), None)
 
 
-def add_secret(secret):
-    """Hide secret, and any SECRET_PIECE characters of it, from every output:
-    as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
-    html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    raw = secret.encode("utf-8", "surrogateescape")
-
-    def quote(safe):        # as urllib.parse.quote does, without importing it
-        return "".join(chr(b) if chr(b).isalnum() and b < 128 or chr(b) in "_.-~" + safe
-                       else "%%%02X" % b for b in raw)
-    for form in (secret, json.dumps(secret)[1:-1], quote(""), quote("/"),
-                 html.replace('"', "&quot;").replace("'", "&#x27;"),
-                 html.replace('"', "&#34;").replace("'", "&#39;")):
-        if len(form) < SECRET_PIECE:
-            _SECRETS["short"].add(form)
-        _SECRETS["pieces"].update(form[i:i + SECRET_PIECE]
-                                  for i in range(len(form) - SECRET_PIECE + 1))
+def whole_number(doc, key, what):
+    """doc[key] when it is a count a server could mean (0 to 2**63), None
+    when absent; otherwise Fail (69) naming the field."""
+    value = doc.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                         and 0 <= value < 2 ** 63):
+        return value
+    raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: %s is %s" % (
+        what, key, sanitise(repr(value)[:40]) if isinstance(value, (int, float, str))
+        else "a " + type(value).__name__))
 
 
-def redact(text, server_text=True):
-    """text with every run of characters holding a piece of a secret replaced
-    by [token]. A run swallows a backslash that escapes its first or follows
-    its last character, so a JSON string or a quoted log value stays whole.
-    A secret shorter than a piece is hidden only in server_text, before it
-    is quoted: in a whole line it could be any common letter or a quote."""
-    pieces, n = _SECRETS["pieces"], SECRET_PIECE
-    for short in _SECRETS["short"] if server_text else ():
-        text = text.replace(short, "[token]")
-    hits = [i for i in range(len(text) - n + 1) if text[i:i + n] in pieces] \
-        if pieces else ()
-    if not hits:
-        return text
-
-    def escapes(pos):           # text[pos] is a backslash escaping text[pos + 1]
-        start = pos
-        while start >= 0 and text[start] == "\\":
-            start -= 1
-        return (pos - start) % 2 == 1
-
-    out, done = [], 0
-    for i in hits:
-        if i < done:            # inside the run already replaced
+def check_placement(run, running):
+    """After every warm-up, one GET /api/ps: every model resident (one that
+    is not was unloaded when a later one loaded) and in VRAM (size_vram 0 is
+    Ollama's silent CPU fallback)."""
+    for model in run.models:
+        entries = entries_of(model, running)
+        model["resident"] = bool(entries)
+        if entries:
+            size, vram = (whole_number(entries[0], key, "GET /api/ps")
+                          for key in ("size", "size_vram"))
+            model["size_vram"], model["size"] = vram, size
+    gone = [m for m in run.models if not m["resident"]]
+    if gone and len(gone) == len(run.models):
+        run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
+                         "GPU placement not verified" % ("model" if len(gone) == 1
+                                                         else model_names(run)))
+        return
+    unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
+             "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
+    for model in run.models:
+        size, vram = model["size"], model["size_vram"]
+        if not size or vram is None:
+            run.notes.append("GPU placement of %s not reported by the server"
+                             % model["name"])
             continue
-        end = i + n
-        while end < len(text) and text[end - n + 1:end + 1] in pieces:
-            end += 1
-        start = i - 1 if i > 0 and escapes(i - 1) and i - 1 >= done else i
-        if end < len(text) and escapes(end - 1):
-            end += 1
-        out += [text[done:start], "[token]"]
-        done = end
-    out.append(text[done:])
-    return "".join(out)
+        pct = min(100, int(round(100.0 * vram / size)))
+        run.vram_pct = pct if run.vram_pct is None else run.vram_pct
+        if vram == 0 and not run.opts.allow_cpu:
+            model["reason"] = "runs on the CPU"
+            raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
+                       "lost the GPU (driver not ready, suspend/resume); restart "
+                       "ollama, or pass --allow-cpu to accept it" % model["name"])
+        if 0 < vram < size:
+            run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
+
+
+def unloaded(run, gone, causes):
+    """Fail (75) for models a later one's load pushed out: they do not fit
+    together, and a job using them all would reload one on every call."""
+    for model in gone:
+        model["reason"] = "unloaded when a later model loaded"
+    if gone:
+        raise Fail(EX_TEMPFAIL, "%s %s unloaded when a later model loaded: the models "
+                   "do not fit together (%s, or run these jobs apart)" % (
+                       ", ".join(m["name"] for m in gone),
+                       "was" if len(gone) == 1 else "were", causes))
+
+
+#: Runner error text meaning GPU (or host) memory is taken: retry later.
+OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
+               "cudamalloc failed", "requires more system memory")
+
+#: Runner error text meaning the model could not load within Ollama's limit.
+LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
+                        "timed out waiting for llama-server to start")
+
+#: Ollama's own words for a request it refuses: the model is not there, or
+#: cannot generate, or an option has the wrong type (a configuration error).
+#: Anchored, so that a runner death quoting "not found" stays a runner death.
+_REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
+            r"""|("[^"]+"|\S+) does not support \w+"""
+            r"""|option "[^"]+" must be of type \w+)$""")
 
 
 def classify_runner_error(message):
@@ -723,6 +919,270 @@ def classify_runner_error(message):
     if re.match(_REFUSAL, message.strip()):
         return EX_CONFIG
     return EX_UNAVAILABLE
+
+
+def normalise_model(name):
+    """Ollama's short display name: 'llama3.2' -> 'llama3.2:latest'."""
+    name = name.strip()
+    for prefix in ("registry.ollama.ai/", "library/"):
+        if name.lower().startswith(prefix):
+            name = name[len(prefix):]
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    return name
+
+
+def same_model(a, b):
+    """Whether two model names mean the same model, as Ollama compares them."""
+    return normalise_model(a).lower() == normalise_model(b).lower()
+
+
+# ---- OpenAI-compatible servers: health -> models -> completion or embedding
+
+def check_api(run, client):
+    """Stage api (--api auto): Ollama answers GET /api/version, vLLM and
+    llama-server do not. Returns "ollama" or "openai"."""
+    with run.step("api") as budget:
+        try:
+            doc = client.json("GET", "/api/version", budget)
+        except Fail as exc:
+            if exc.status is None:
+                raise
+            return "openai"
+        return "ollama" if isinstance(doc.get("version"), str) else "openai"
+
+
+def check_openai(run, client):
+    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's
+    /v1): health -> models -> each model proven. Returns the ready reason."""
+    with run.step("health") as budget:
+        try:
+            client.call("GET", "/health", budget)
+        except Fail as exc:
+            if exc.status != 404:   # Ollama's /v1 and some proxies have no /health
+                raise
+            run.notes.append("server has no /health")
+    with run.step("models") as budget:
+        served = served_models(client.json("GET", "/v1/models", budget))
+        if not served:
+            raise Fail(EX_CONFIG, "the server serves no models (GET /v1/models)")
+        choose_models(run, served, run.opts.model or [_name(served[0])], "served here",
+                      "it serves")
+    check_requirements(run)         # these servers declare no capabilities
+    if run.opts.warmup == "off":
+        return "service up, %s served (warm-up off)" % model_names(run)
+    for model in run.models:
+        with run.timing(model):
+            prove_openai(run, client, model)
+    check_requirements(run, observed=True)
+    if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
+                                   for m in run.models):
+        with run.step("placement", what="GET /v1/models") as budget:
+            now = served_models(client.json("GET", "/v1/models", budget))
+            unloaded(run, [m for m in run.models if not any(
+                _name(e) == m["name"] and (e.get("status") or {}).get("value") == "loaded"
+                for e in now)], "llama-server's --models-max too low: raise it")
+    return answered(run)
+
+
+def served_models(doc):
+    """The model entries of a /v1/models answer (vLLM's and llama-server's
+    shapes), each with its id as "name"; the router's carry a status."""
+    data = doc.get("data", doc.get("models"))
+    if data is not None and not isinstance(data, list):
+        raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
+                   "has no data list")
+    entries = [dict(m, name=m["id"] if isinstance(m.get("id"), str) and m["id"].strip()
+                    else _name(m)) for m in data or () if isinstance(m, dict)]
+    return [e for e in entries if e["name"]]
+
+
+#: How a model is proven on an OpenAI-compatible server: stage, path, body.
+OPENAI_ASKS = {
+    "completion": ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 1,
+                                       "stream": False}),
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content":
+                                                    WARMUP_PROMPT}], "max_tokens": 1}),
+    "embedding": ("/v1/embeddings", {"input": WARMUP_PROMPT}),
+}
+
+#: What servers answer a request of the wrong kind for the model (generation
+#: to an embedding model), which differs by server and version: the text
+#: tells, not the status.
+_WRONG_KIND = r"(?i)does not support (completions|chat|generate)|(Chat )?Completions API"
+
+
+def prove_openai(run, client, model):
+    """One token from a generative model: a completion, or a chat completion
+    where the server has no /v1/completions (404, 405: gateways, chat-only
+    servers); one vector from an embedding model, which a refusal of the
+    generation requests, or their absence (vLLM's task-gated routes), tells."""
+    outcome = ask_openai(run, client, model, "completion")
+    if outcome == "no route":
+        outcome = ask_openai(run, client, model, "chat")
+    if outcome != "done":
+        ask_openai(run, client, model, "embedding")
+
+
+def ask_openai(run, client, model, stage):
+    """One request of prove_openai(): "done", "no route" (404 or 405: the
+    server does not offer it) or "wrong kind" (generation sent to an
+    embedding model); Fail for anything else."""
+    path, body = OPENAI_ASKS[stage]
+    what = "POST %s for %s" % (path, model["name"])
+    with run.step(stage, model=model) as budget:
+        try:
+            doc = client.json("POST", path, budget, dict(body, model=model["name"]),
+                              about=model["name"])
+        except Fail as exc:
+            if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
+                return "wrong kind"
+            if stage != "embedding" and exc.status in (404, 405):
+                return "no route"
+            if stage == "embedding" and exc.status in (404, 405, 501) or \
+                    re.search(r"(?i)support embeddings|embedding=True", exc.detail or ""):
+                raise Fail(EX_CONFIG, "%s: the server neither completes nor embeds with "
+                           "this model (%s)" % (what, sanitise(exc.detail or exc.status)))
+            raise
+        error = answer_error(doc)       # vLLM answered some errors with a 200
+        if stage == "embedding":
+            data = doc.get("data")
+            first = data[0] if isinstance(data, list) and data else None
+            need_vector(doc, first.get("embedding") if isinstance(first, dict) else None,
+                        what, "data[0].embedding")
+        elif error is not None and re.search(_WRONG_KIND, error):
+            return "wrong kind"
+        elif error is not None:
+            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
+                       % (what, sanitise(error)))
+        elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
+            raise Fail(EX_UNAVAILABLE, "%s: answered without a completion (no choices)"
+                       % what)
+    model["kind"] = "embed" if stage == "embedding" else "generate"
+    return "done"
+
+
+# ---- The HTTP client: urllib, no proxy on loopback, failures classified ----
+
+#: Largest answer read from a stage, from an error answer, and the largest
+#: config file (bytes).
+MAX_BODY = 4 * 1024 * 1024
+MAX_ERROR_BODY = 64 * 1024
+
+
+class Client(object):
+    """Talks to one base URL; every call returns bytes or raises Fail/TimedOut."""
+
+    def __init__(self, base, api="ollama", token=None, context=None):
+        host = url_host(base)
+        if host == "":
+            base = base.replace("://:", "://127.0.0.1:", 1)
+        self.base, self.api = base, api
+        self.headers = {"User-Agent": "%s/%s" % (PROG, __version__),
+                        "Accept": "application/json",
+                        "Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = "Bearer " + token
+        self.opener = http_opener(context, is_loopback(host))
+
+    def call(self, method, path, budget, payload=None, about=None):
+        """The body of a 2xx answer to METHOD path, read within limits;
+        about: the model it concerns, for reasons."""
+        what = "%s %s%s" % (method, path, " for " + about if about else "")
+        from urllib.error import HTTPError
+        from urllib.request import Request
+        data = None if payload is None else json.dumps(payload).encode("ascii")
+        request = Request(self.base + path, data=data, method=method, headers=self.headers)
+        try:
+            answer = self.opener.open(request, timeout=budget)
+        except HTTPError as exc:
+            body = self._read(exc, MAX_ERROR_BODY, what, allow_short=True)
+            if 300 <= exc.code < 400:
+                raise Fail(EX_CONFIG, "%s: redirected (%d) to %s; give --host the "
+                           "final address" % (what, exc.code,
+                                               sanitise(exc.headers.get("Location"))))
+            code, reason = classify_answer(what, exc.code, body, self.api)
+            raise Fail(code, reason, status=exc.code, detail=answer_message(body)[0])
+        except Exception as exc:    # URLError, OSError, http.client errors
+            raise Fail(*classify_exception(exc, what, self.base, self.api))
+        return self._read(answer, MAX_BODY, what)
+
+    def _read(self, answer, limit, what, allow_short=False):
+        """Read at most limit bytes; a longer answer ends the stage."""
+        chunks, size = [], 0
+        try:
+            while size <= limit:    # read(limit) would allocate limit bytes
+                chunk = answer.read(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            body = b"".join(chunks)
+            missing = getattr(answer, "length", None)   # Content-Length left
+        except Exception as exc:    # OSError, http.client.IncompleteRead...
+            if allow_short:
+                return b""
+            raise Fail(*classify_exception(exc, what, self.base, self.api))
+        finally:
+            answer.close()
+        if allow_short:             # an error answer: its start is enough
+            return body[:limit]
+        if missing and len(body) <= limit:
+            raise Fail(EX_UNAVAILABLE, "%s: connection closed in mid-answer, %d "
+                       "bytes short" % (what, missing))
+        if len(body) > limit:
+            raise Fail(EX_UNAVAILABLE, "%s: answer larger than %d MiB, not what "
+                       "Ollama sends" % (what, limit // (1024 * 1024)))
+        return body[:limit]
+
+    def json(self, method, path, budget, payload=None, about=None):
+        """A 2xx answer parsed as a JSON object."""
+        body = self.call(method, path, budget, payload, about)
+        try:
+            doc = parse_json(body.decode("utf-8"))
+        except ValueError as exc:
+            raise not_json("%s %s%s" % (method, path, " for " + about if about else ""),
+                           body, exc)
+        if not isinstance(doc, dict):
+            raise Fail(EX_CONFIG, "not an %s server: %s %s did not answer a JSON "
+                       "object" % ("OpenAI-compatible" if self.api == "openai"
+                                   else "Ollama", method, path))
+        return doc
+
+
+def http_opener(context, loopback):
+    """urllib's opener for the checks: redirects reported, never followed
+    (they can leak the token to other hosts); an ASCII host resolved as bytes
+    (a str makes socket load the idna codec, 3 ms); TLS as tls_context()
+    says; no proxy for a loopback host. urllib, http.client and ssl load
+    here, so that a run that sends nothing never loads them."""
+    import http.client
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req, fp, code, msg, headers, newurl):
+            return None
+
+    class AsciiHostConnection(http.client.HTTPConnection):
+        def connect(self):
+            host = self.host
+            if isinstance(host, str) and all(ord(c) < 128 for c in host):
+                self.host = host.encode("ascii")
+            try:
+                http.client.HTTPConnection.connect(self)
+            finally:
+                self.host = host
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(AsciiHostConnection, req)
+
+    handlers = [NoRedirect(), HTTPHandler()]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    if loopback:
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
 
 
 def classify_answer(what, status, body, api="ollama"):
@@ -757,6 +1217,18 @@ def classify_answer(what, status, body, api="ollama"):
     return EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted)
 
 
+def answer_message(body):
+    """The error message inside an error answer, or its text."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = parse_json(text)
+    except ValueError:
+        return text, False
+    if isinstance(doc, dict) and "error" in doc:
+        return error_text(doc["error"]), True
+    return text, False
+
+
 def classify_exception(exc, what, url, api="ollama"):
     """(exit status, reason) for a network failure, or raise TimedOut."""
     import http.client          # loaded already: a request was made
@@ -787,6 +1259,133 @@ def classify_exception(exc, what, url, api="ollama"):
     if isinstance(exc, OSError):
         return EX_UNAVAILABLE, "%s: network error: %s" % (what, sanitise(exc))
     return EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, sanitise(exc))
+
+
+def not_json(what, body, exc=None):
+    """The failure for an answer that does not parse, quoting its start."""
+    if exc is not None and not isinstance(exc, (json.JSONDecodeError, UnicodeError)):
+        return Fail(EX_UNAVAILABLE, "%s: not a valid answer (not JSON this reads: %s)"
+                    % (what, exc))
+    return Fail(EX_UNAVAILABLE, "%s: answer is not JSON: %s"
+                % (what, sanitise(body[:80].decode("latin-1"))))
+
+
+#: The most digits of an integer in a server's answer (parse_json()).
+MAX_INT_DIGITS = 4300
+
+
+def parse_json(text):
+    """JSON text from a server as Python values. ValueError when it is not
+    JSON, nests too deeply, or holds an integer of more than MAX_INT_DIGITS
+    (Python 3.11's own limit: before it, parsing one is quadratic and holds
+    the interpreter past any deadline)."""
+    try:
+        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply")
+
+
+def _no_constant(name):         # NaN, Infinity: Python writes them, JSON has none
+    raise ValueError("%s is not JSON" % name)
+
+
+def _bounded_int(digits):
+    if len(digits) > MAX_INT_DIGITS:
+        raise ValueError("an integer of %d digits" % len(digits))
+    return int(digits)
+
+
+def is_loopback(host):
+    """True for names and literals that never need a proxy."""
+    host = host.lower().strip("[]")
+    return (host in ("", "localhost", "::1", "::", "0.0.0.0")
+            or host.endswith(".localhost") or host.startswith("127."))
+
+
+def url_host(url):
+    """The host part of a base URL, without brackets or port."""
+    hostport = url.split("://", 1)[1].split("/", 1)[0]
+    host, _ = _split_host_port(hostport)
+    return host if host is not None else hostport
+
+
+# ---- The GPU stage: NVML, nvidia-smi, AMD sysfs, each in a child process ----
+
+def check_gpu(run):
+    """Stage gpu: the backends in turn until one answers, then the verdict on
+    the GPUs the job will use. Raises Fail; runs in the main thread, first."""
+    opts = run.opts
+    with run.step("gpu", opts.gpu_timeout) as budget:
+        name, doc = first_backend(run, time.monotonic() + budget)
+        run.gpu = dict(doc, backend=name, need=opts.gpu_need)
+        gpus = doc["gpus"]
+        if not gpus:
+            raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
+        selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
+        for gpu in gpus:
+            gpu["selected"] = gpu in selected
+        run.notes.extend(notes)
+        if unmatched:               # a lost GPU without a UUID may be the one
+            lost = [g for g in gpus if g["error"] and not g["uuid"] and (
+                g["index"] is None or not all(is_digits(w) for w in unmatched))]
+            raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
+                       "%s (found %s)%s" % (
+                           ",".join(unmatched), "--gpu-id" if opts.gpu_id else
+                           "CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES",
+                           ", ".join(gpu_label(g) for g in gpus),
+                           "; %s: %s" % (gpu_label(lost[0]), lost[0]["error"])
+                           if lost else ""))
+        if not selected:
+            raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
+        code, reason, notes = judge_gpus(selected, opts)
+        run.notes.extend(notes)
+        if code:
+            raise Fail(code, reason)
+
+
+def first_backend(run, ends_at):
+    """(name, snapshot) of the first GPU backend that answers. Under
+    --gpu-backend auto a failing NVIDIA backend moves on to AMD only when no
+    NVIDIA GPU is on the host (NVIDIA's userspace on an AMD host), never past
+    a dead NVIDIA driver to an AMD integrated GPU."""
+    auto = run.opts.gpu_backend == "auto"
+    absent, failure = [], None
+    for name, probe in GPU_PROBES:
+        if not auto and run.opts.gpu_backend != name:
+            continue
+        if auto and name == "amd-sysfs" and nvidia_present():
+            raise failure or Fail(EX_UNAVAILABLE, "an NVIDIA GPU is present but "
+                                  "neither NVML nor nvidia-smi answered: %s"
+                                  % "; ".join(absent))
+        try:
+            doc = probe(run, ends_at)
+        except Fail as exc:
+            if not auto or exc.code != EX_UNAVAILABLE:
+                raise
+            failure = failure or exc
+            continue
+        if isinstance(doc, dict):
+            return name, doc
+        absent.append(doc)
+    raise failure or Fail(EX_UNAVAILABLE, "no GPU driver found: %s" % "; ".join(absent))
+
+
+def nvidia_present():
+    """Whether the host has an NVIDIA GPU: a PCI display controller of vendor
+    0x10de, or a /dev/nvidiaN node (both under GPU_PREFLIGHT_ROOT)."""
+    root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
+    devices = os.path.join(root, "sys/bus/pci/devices")
+    for device in os.listdir(devices) if os.path.isdir(devices) else ():
+        try:
+            ids = [read_small_file(os.path.join(devices, device, name), 64).strip()
+                   for name in ("vendor", "class")]
+        except (OSError, ValueError):
+            continue
+        if ids[0] == b"0x10de" and ids[1].startswith(b"0x03"):
+            return True
+    dev = os.path.join(root, "dev")
+    return any(re.match(r"^nvidia\d+$", n) for n in
+               (os.listdir(dev) if os.path.isdir(dev) else ()))
 
 
 #: The GPU thresholds: (option, figure, unit, True when the figure must be
@@ -886,7 +1485,1392 @@ def judge_gpus(gpus, opts):
                            for g, h, s, _ in shown), notes
 
 
+def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
+               temp=None, error=None):
+    """One GPU as every backend reports it; None is "cannot be read"."""
+    return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
+            "free_mib": free, "util_pct": util, "procs": procs, "temp_c": temp,
+            "mig": None, "parent": None, "access": True, "error": error,
+            "health": None}
+
+
+#: The most a GPU probe may print (bytes), and the most its exit is awaited
+#: after its output ended (seconds; a child stuck in the driver is abandoned).
+MAX_PROBE_OUTPUT = 1024 * 1024
+PROBE_REAP_WAIT = 0.2
+
+
+def spawn(run, child=None, argv=None, env=None):
+    """Fork child() (its JSON result is the output) or exec argv (its stdout
+    is); return (pid, read end of the output pipe)."""
+    import warnings
+    rfd, wfd = os.pipe()
+    with warnings.catch_warnings():     # a --wait retry may have threads
+        warnings.simplefilter("ignore", DeprecationWarning)  # blocked in sockets
+        pid = os.fork()
+    if pid == 0:                    # the child: never returns
+        status = 127 if argv else EX_SOFTWARE
+        try:
+            os.setpgid(0, 0)
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+                signal.signal(signum, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
+            os.dup2(null, 2)
+            for fd in map(int, os.listdir("/proc/self/fd")):   # a stuck probe
+                if fd > 2 and fd != wfd:                        # must hold no
+                    try:                                        # lock or pipe
+                        os.close(fd)
+                    except OSError:
+                        pass
+            if argv:
+                os.execve(argv[0], argv, env)
+            data = json.dumps(child()).encode("utf-8")
+            while data:
+                data = data[os.write(wfd, data):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(wfd)
+    try:
+        os.setpgid(pid, pid)        # also here: a kill may come before the child's
+    except OSError:
+        pass
+    run.children.append(pid)
+    return pid, rfd
+
+
+def collect(run, pid, rfd, ends_at, what, reaped_by=None):
+    """The child's output and exit status (None: it has not ended by
+    reaped_by, or PROBE_REAP_WAIT after its output ended).
+
+    Raises Fail (75, "GPU probe hung") when the output does not end in time.
+    """
+    import select
+    chunks, size = [], 0
+    try:
+        while size <= MAX_PROBE_OUTPUT:
+            left = ends_at - time.monotonic()
+            if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                kill_probes(run)
+                stage = run.current
+                raise Fail(EX_TEMPFAIL, "GPU probe hung: %s did not answer within "
+                           "%.3gs (driver wedged, or GPUs initialising without "
+                           "persistence mode)" % (what, stage.ends_at - stage.started))
+            chunk = os.read(rfd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(rfd)
+    end = reaped_by or time.monotonic() + PROBE_REAP_WAIT
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:   # SIGCHLD ignored by whoever started us
+            run.children.remove(pid)
+            return b"".join(chunks), None
+        if done:
+            run.children.remove(pid)
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            return b"".join(chunks), code
+        if time.monotonic() > end:
+            return b"".join(chunks), None
+        time.sleep(0.002)
+
+
+def kill_probes(run):
+    """SIGKILL every probe's process group still running; wait for none."""
+    for pid in run.children:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def forked(run, child, ends_at, what):
+    """The JSON object a forked probe child() returned; Fail (69) when it
+    died (--gpu-backend auto then tries the next backend)."""
+    pid, rfd = spawn(run, child)
+    out, status = collect(run, pid, rfd, ends_at, what)
+    try:
+        doc = json.loads(out.decode("utf-8"))
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise Fail(EX_UNAVAILABLE, "%s probe died (%s)" % (what, "signal %d" % -status
+                                                         if status and status < 0
+                                                         else "exit %s" % status))
+    return doc
+
+
+#: NVML return codes the GPU stage names (nvml.h nvmlReturn_t).
+NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 3, 7, 9
+NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
+NVML_LIB_RM_VERSION_MISMATCH = 18
+NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM = 4, 17
+
+#: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
+NVML_MEMORY_V2 = 0x02000028
+
+#: The reason for NVML error 18 / nvidia-smi exit 18 ("%s": who said it).
+VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
+                    "was upgraded without reloading the kernel module; reboot")
+
+
+def probe_nvml(run, ends_at):
+    """NVML in a forked child: a snapshot dict, or a string when absent."""
+    doc = forked(run, lambda: nvml_snapshot(run.opts.nvml_lib), ends_at, "NVML")
+    code, text = doc.pop("nvml_error", None), sanitise(doc.pop("text", ""))
+    if "untrusted" in doc:
+        raise Fail(EX_CONFIG, sanitise(doc["untrusted"]))
+    if code in (None, 0):
+        return doc
+    if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
+        return "NVML: %s" % text
+    if code == NVML_DRIVER_NOT_LOADED:
+        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (NVML: %s)" % text)
+    if code == NVML_LIB_RM_VERSION_MISMATCH:
+        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("NVML: " + text))
+    raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text)
+
+
+def nvml_structs(c):
+    """nvml.h's structs as ctypes classes (c: the ctypes module): nvmlMemory_t,
+    nvmlMemory_v2_t, nvmlProcessInfo_v1_t and nvmlProcessInfo_v2_t."""
+    class Memory(c.Structure):
+        _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
+                    ("used", c.c_ulonglong)]
+
+    class MemoryV2(c.Structure):
+        _fields_ = [("version", c.c_uint), ("total", c.c_ulonglong),
+                    ("reserved", c.c_ulonglong), ("free", c.c_ulonglong),
+                    ("used", c.c_ulonglong)]
+
+    class Process(c.Structure):         # nvmlProcessInfo_v1_t
+        _fields_ = [("pid", c.c_uint), ("usedGpuMemory", c.c_ulonglong)]
+
+    class ProcessV2(c.Structure):       # nvmlProcessInfo_v2_t, for _v2 and _v3
+        _fields_ = Process._fields_ + [("gpuInstanceId", c.c_uint),
+                                       ("computeInstanceId", c.c_uint)]
+
+    return Memory, MemoryV2, Process, ProcessV2
+
+
+#: GPU stage: where NVML lives when dlopen's own search fails (never a CUDA
+#: toolkit /stubs/ directory: that library is a link-time stub), and where
+#: nvidia-smi lives when cron's PATH lacks it.
+NVML_NAME = "libnvidia-ml.so.1"
+NVML_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+             "/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+             "/usr/lib/wsl/lib")
+
+
+def nvml_candidates(path):
+    """Where NVML may be, in order: --nvml-lib alone, else the directories
+    of LD_LIBRARY_PATH, the dynamic linker's cache and NVML_DIRS. Absolute
+    paths only, so that what is loaded is what was checked."""
+    if path:
+        return [path]
+    found = [os.path.join(d, NVML_NAME) for d in
+             os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
+    try:
+        with open("/etc/ld.so.cache", "rb") as handle:
+            found += [p.decode("utf-8", "replace") for p in re.findall(
+                br"\x00(/[^\x00]*/libnvidia-ml\.so\.1)(?=\x00)", handle.read(1 << 24))]
+    except OSError:
+        pass
+    found += [d + "/" + NVML_NAME for d in NVML_DIRS]
+    return [p for i, p in enumerate(found) if p not in found[:i]]
+
+
+def nvml_snapshot(path):
+    """In the child: NVML's view of every GPU, as a JSON-ready dict."""
+    import ctypes as c
+    Memory, MemoryV2, Process, ProcessV2 = nvml_structs(c)
+
+    lib, why = None, "%s not found" % (path or NVML_NAME)
+    for name in nvml_candidates(path):
+        if not os.path.isfile(name):        # missing, or a FIFO that would block
+            why = "%s is not a regular file" % name if os.path.exists(name) else why
+            continue
+        if "/stubs/" in os.path.realpath(name):
+            why = "only the CUDA toolkit's stub library (%s)" % name
+            continue
+        try:
+            problem = untrusted(name)
+        except OSError as exc:
+            problem = exc.strerror
+        if problem:             # checked before dlopen runs a byte of it
+            return {"untrusted": "NVML library %s: others could have written it: %s"
+                    % (name, problem)}
+        try:
+            lib = c.CDLL(name)
+            break
+        except OSError as exc:
+            why = str(exc)
+    if lib is None:
+        return {"nvml_error": NVML_LIBRARY_NOT_FOUND, "text": why}
+
+    def call(function, *args):          # every argument a ctypes object: no
+        try:                            # bare int truncates a 64-bit handle
+            return getattr(lib, function)(*args)
+        except AttributeError:
+            return NVML_FUNCTION_NOT_FOUND
+
+    def error(code):
+        lib.nvmlErrorString.restype = c.c_char_p
+        return "%s (NVML error %d)" % ((lib.nvmlErrorString(c.c_int(code)) or b"")
+                                       .decode("ascii", "replace"), code)
+
+    def text(function, handle):
+        buf = c.create_string_buffer(96)
+        ok = call(function, handle, buf, c.c_uint(96)) == 0
+        return buf.value.decode("utf-8", "replace") if ok else None
+
+    def uint(function, handle, *args):
+        value = c.c_uint(0)
+        return value.value if call(function, handle, *args + (c.byref(value),)) == 0 else None
+
+    def measure(handle, gpu):
+        """Memory and compute processes, of a GPU or a MIG device."""
+        mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
+        code = call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
+        if code:
+            mem = Memory()
+            code = call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
+        if code == NVML_GPU_IS_LOST:
+            gpu["error"] = error(code)
+        elif code == 0:
+            gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
+        for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
+                               ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
+                               ("nvmlDeviceGetComputeRunningProcesses", Process)):
+            number = c.c_uint(0)
+            code = call(function, handle, c.byref(number), None)
+            if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
+                number = c.c_uint(number.value * 2 + 5)
+                code = call(function, handle, c.byref(number), (kind * number.value)())
+            if code != NVML_FUNCTION_NOT_FOUND:
+                gpu["procs"] = number.value if code == 0 else None
+                break
+
+    code = call("nvmlInit_v2")
+    if code:
+        return {"nvml_error": code, "text": error(code)}
+    try:
+        count, gpus = c.c_uint(0), []
+        code = call("nvmlDeviceGetCount_v2", c.byref(count))
+        if code:
+            return {"nvml_error": code, "text": error(code)}
+        for index in range(count.value):
+            handle = c.c_void_p()
+            code = call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
+            if code:
+                gpus.append(gpu_record(index, None, None, error=error(code)))
+                gpus[-1]["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
+                continue
+            gpu = gpu_record(index, text("nvmlDeviceGetUUID", handle),
+                             text("nvmlDeviceGetName", handle))
+            gpus.append(gpu)
+            measure(handle, gpu)
+            if gpu["error"]:
+                continue
+            util = (c.c_uint * 2)()
+            if call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
+                gpu["util_pct"] = util[0]
+            gpu["temp_c"] = uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
+            mode, pending = c.c_uint(0), c.c_uint(0)
+            if call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
+                gpu["mig"] = mode.value == 1
+            slots = uint("nvmlDeviceGetMaxMigDeviceCount", handle) if gpu["mig"] else 0
+            for slot in range(slots or 0):
+                child = c.c_void_p()
+                if call("nvmlDeviceGetMigDeviceHandleByIndex", handle,
+                        c.c_uint(slot), c.byref(child)) == 0:
+                    mig = gpu_record(index, text("nvmlDeviceGetUUID", child),
+                                     text("nvmlDeviceGetName", child))
+                    mig["parent"] = gpu["uuid"]
+                    measure(child, mig)
+                    gpus.append(mig)
+            rows = [c.c_uint(0) for _ in range(4)]  # corrected, uncorrected, pending, failed
+            ecc = c.c_ulonglong(0)              # uncorrected (1), since the driver loaded (0)
+            if call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0 \
+                    and (rows[2].value or rows[3].value):
+                gpu["health"] = "row remapping %s" % ("failed: the GPU needs service"
+                                                      if rows[3].value else
+                                                      "pending: the GPU needs a reset")
+            elif uint("nvmlDeviceGetRetiredPagesPendingStatus", handle):
+                gpu["health"] = "retired pages pending: the GPU needs a reset"
+            elif call("nvmlDeviceGetTotalEccErrors", handle, c.c_int(1), c.c_int(0),
+                      c.byref(ecc)) == 0 and ecc.value:
+                gpu["health"] = ("%d uncorrectable ECC errors since the driver loaded: "
+                                 "the GPU needs a reset" % ecc.value)
+        driver = c.create_string_buffer(96)
+        call("nvmlSystemGetDriverVersion", driver, c.c_uint(96))
+        return {"driver": driver.value.decode("ascii", "replace") or None,
+                "library": name, "gpus": gpus}
+    finally:
+        call("nvmlShutdown")
+
+
+SMI_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/lib/wsl/lib")
+SMI_FIELDS = ("index", "uuid", "name", "pci.bus_id", "memory.total", "memory.used",
+              "memory.free", "utilization.gpu", "temperature.gpu")
+
+
+def probe_smi(run, ends_at):
+    """nvidia-smi's CSV: a snapshot dict, or a string when it is absent."""
+    path = next((os.path.join(d, "nvidia-smi") for d in
+                 os.environ.get("PATH", "").split(os.pathsep) + list(SMI_DIRS)
+                 if d and os.access(os.path.join(d, "nvidia-smi"), os.X_OK)), None)
+    if path is None:
+        return "nvidia-smi not found in PATH or %s" % ", ".join(SMI_DIRS)
+    try:
+        problem = untrusted(path)
+    except OSError as exc:
+        problem = exc.strerror
+    if problem:                 # it would run as root
+        raise Fail(EX_CONFIG, "%s: others could have written it: %s" % (path, problem))
+    env = dict(os.environ, LC_ALL="C")
+
+    def smi(query):
+        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"], env=env)
+        out, status = collect(run, pid, rfd, ends_at, "nvidia-smi", ends_at)
+        if status is None:      # its exit status says which GPUs failed
+            kill_probes(run)
+            raise Fail(EX_TEMPFAIL, "GPU probe hung: nvidia-smi did not exit within "
+                       "%.3gs of its output ending" % (ends_at - run.current.started))
+        return out.decode("utf-8", "replace"), status
+
+    text, status = smi("--query-gpu=" + ",".join(SMI_FIELDS))
+    said = sanitise(text.strip().splitlines()[0] if text.strip() else "no output")
+    if status == NVML_DRIVER_NOT_LOADED or "couldn't communicate with the NVIDIA driver" in text:
+        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (nvidia-smi: %s)" % said)
+    if status == NVML_LIB_RM_VERSION_MISMATCH or "version mismatch" in text:
+        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("nvidia-smi: " + said))
+    if status in (NVML_LIBRARY_NOT_FOUND, 127):
+        return "nvidia-smi: %s (exit %d)" % (said, status)
+    gpus, lost = parse_smi_csv(text)
+    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why))
+             for index, bus, why in lost]
+    if status not in (0, None) and not lost:    # a GPU failed, and which is unknown
+        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, sanitise(
+            next((l for l in text.splitlines() if l.count(", ") != len(SMI_FIELDS) - 1
+                  and l.strip()), "no message"))))
+    apps, status = smi("--query-compute-apps=gpu_uuid,pid")
+    if status in (0, NVML_GPU_IS_LOST):    # 15: one GPU lost, the others listed
+        counts = parse_smi_apps(apps)
+        for gpu in gpus:
+            if gpu["uuid"]:
+                gpu["procs"] = counts.get(gpu["uuid"], 0)
+    return {"driver": None, "library": path, "gpus": gpus}
+
+
+def parse_smi_csv(text):
+    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as
+    (index or None, bus id, why)).
+
+    A field in brackets ([N/A], [Not Supported]) is unknown (None), never 0;
+    lines with another field count are the tool's own messages, skipped,
+    except "Unable to determine the device handle for GPU <bus>: ..." lines.
+    """
+    gpus, lost = [], []
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(", ")]
+        if len(fields) != len(SMI_FIELDS):     # "...for GPU1: 0000:62:00.0: why"
+            found = re.search(r"device handle for GPU(?:(\d+):)? ?([0-9A-Fa-f]+:"
+                              r"[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]): (.*)", line)
+            if found:           # or, from older drivers, "for GPU 00000000:62:00.0"
+                lost.append((int(found.group(1)) if found.group(1) else None,
+                             found.group(2), found.group(3).strip()))
+            continue
+        value = dict(zip(SMI_FIELDS, fields))
+        number = lambda key: int(float(value[key])) if re.match(_NUMBER, value[key]) else None
+        gpus.append(gpu_record(
+            number("index"), value["uuid"], value["name"],
+            total=number("memory.total"), free=number("memory.free"),
+            util=number("utilization.gpu"), temp=number("temperature.gpu")))
+    return gpus, lost
+
+
+def parse_smi_apps(text):
+    """nvidia-smi --query-compute-apps=gpu_uuid,pid -> {uuid: processes}."""
+    counts = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and is_digits(fields[1]):
+            counts[fields[0]] = counts.get(fields[0], 0) + 1
+    return counts
+
+
+def probe_amd(run, ends_at):
+    """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
+    root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
+    doc = forked(run, lambda: amd_snapshot(root), ends_at, "AMD sysfs")
+    if not doc.get("gpus"):
+        return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
+    return doc
+
+
+def amd_snapshot(root):
+    """In the child: amdgpu's sysfs figures of every card[0-9]+ device."""
+    base = os.path.join(root, "sys/class/drm")
+
+    def read(*parts):       # never blocks: sysfs files are regular
+        try:
+            return read_small_file(os.path.join(*parts), 4096).decode("utf-8").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def number(text, shift=0):
+        try:
+            return int(text, 10) >> shift if is_digits(text) else None
+        except ValueError:
+            return None
+
+    gpus = []
+    names = os.listdir(base) if os.path.isdir(base) else []
+    for card in sorted((n for n in names if re.match(r"^card\d+$", n)),
+                       key=lambda n: int(n[4:])):
+        dev = os.path.join(base, card, "device")
+        if read(dev, "vendor").lower() != "0x1002":
+            continue
+        total = number(read(dev, "mem_info_vram_total"), 20)
+        used = number(read(dev, "mem_info_vram_used"), 20)
+        hwmon = os.path.join(dev, "hwmon")
+        temps = [number(read(hwmon, h, "temp1_input")) for h in
+                 (sorted(os.listdir(hwmon)) if os.path.isdir(hwmon) else ())]
+        temps = [t // 1000 for t in temps if t is not None]
+        gpus.append(gpu_record(
+            int(card[4:]), read(dev, "unique_id") or None,
+            read(dev, "product_name") or "AMD GPU %s" % card, total=total,
+            free=max(total - used, 0) if total is not None and used is not None else None,
+            util=number(read(dev, "gpu_busy_percent")),
+            temp=temps[0] if temps else None))
+    return {"driver": read(root, "sys/module/amdgpu/version") or None,
+            "library": base, "gpus": gpus}
+
+
+#: The GPU backends, in the order --gpu-backend auto tries them.
+GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", probe_amd))
+
+
+# ---- Living under cron: the job, the lock, the shared verdict, metrics ------
+
+def find_command(name, environ):
+    """(path, None) of an executable COMMAND, or (None, (126|127, message))."""
+    dirs = environ.get("PATH", os.defpath).split(os.pathsep)
+    paths = [name] if "/" in name else [os.path.join(d or ".", name) for d in dirs]
+    found = [p for p in paths if os.path.exists(p)]
+    for path in found:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path, None
+    if found:
+        return None, (EX_NOEXEC, "%s: permission denied (not an executable file)"
+                      % sanitise(found[0]))
+    return None, (EX_NOTFOUND, "%s: command not found" % sanitise(name))
+
+
+def exec_job(path, argv, lock_fd, inherited):
+    """Become the job: the GPU lock inherited, SIGINT and SIGTERM as this
+    process found them, SIGPIPE and SIGXFSZ back to default (Python ignores
+    them). A file without #! runs under /bin/sh, as execvp does. Returns
+    (status, why) only when that fails."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
+        keep = inherited.get(signum) is signal.SIG_IGN
+        signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
+    if lock_fd is not None:
+        os.set_inheritable(lock_fd, True)
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    try:
+        env = job_environment()
+        try:
+            os.execve(path, argv, env)
+        except OSError as exc:
+            if exc.errno != errno.ENOEXEC:
+                raise
+            os.execve("/bin/sh", ["/bin/sh", path] + argv[1:], env)
+    except OSError as exc:
+        return (EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC,
+                "cannot run %s: %s" % (sanitise(path), exc.strerror))
+
+
+def job_environment():
+    """The environment this process was given (Python 3.7+ adds LC_CTYPE to
+    its own under the C locale), less the token: the job has credentials of
+    its own, and a secret goes no further than it must."""
+    try:
+        with open("/proc/self/environ", "rb") as handle:
+            env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0")
+                       if b"=" in item)
+    except OSError:
+        env = dict(os.environb)
+    env.pop((ENV_PREFIX + "TOKEN").encode("ascii"), None)
+    return env
+
+
+def take_lock(path):
+    """An exclusive flock on path, held as long as the descriptor lives.
+
+    Raises Fail: 75 when another holds it, 78 when path cannot be a lock.
+    The file is never deleted: deleting a flock file races with its takers.
+    """
+    import fcntl
+    try:
+        fd = open_no_follow(path, 0o600)    # flock needs only a read: others
+    except OSError as exc:                  # must not open it at all
+        why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
+        raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
+    info = os.fstat(fd)
+    if info.st_uid not in (0, os.geteuid()):    # its owner could hold it forever
+        os.close(fd)
+        raise Fail(EX_CONFIG, "lock file %s is owned by %s, who could hold it and "
+                   "skip every run: put the lock in a directory only root can write, "
+                   "such as /run" % (sanitise(path), user_name(info.st_uid)), "lock")
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        os.fchmod(fd, 0o600)                # an older version's 0644 lock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
+    except OSError:
+        os.close(fd)
+        raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
+    return fd
+
+
+def keep_state(run, shared):
+    """After the verdict: whether it is worth a log line (--log-changes-only),
+    the state (shared verdict, skip count), and the metrics file."""
+    opts, skips = run.opts, None
+    if shared is not None:
+        before = shared.previous
+        if run.code == EX_OK and before.get("skips") and not run.reused:
+            run.notes.append("recovered after %d skips" % before["skips"])
+        run.unchanged = bool(opts.log_changes_only) and shared.unchanged(run)
+        try:
+            skips = shared.save(run)
+        except OSError as exc:
+            run.problems.append("state not saved: %s" % (exc.strerror or exc))
+    if opts.metrics_file and run.stage != "lock":   # a lock held: the job runs
+        text = metrics_text(run, skips if skips is not None else int(run.code != EX_OK),
+                            time.time())
+        try:
+            write_atomic(opts.metrics_file, text.encode("utf-8"), 0o644)
+        except OSError as exc:
+            run.problems.append("metrics file %s: %s" % (opts.metrics_file,
+                                                         exc.strerror or exc))
+
+
+#: Verdicts that say nothing about the service: never shared, never skips.
+NOT_A_CHECK = ("config", "command", "lock", "shared")
+
+#: How often a caller waiting for another's check (--share-result) looks.
+FLIGHT_POLL = 0.02
+
+
+class Shared(object):
+    """--share-result, --log-changes-only and the skip count: one state file
+    per check in the state directory, and a flight lock beside it.
+
+    The state holds the last check's verdict (time, code, stage, reason,
+    model, pid: what --share-result reuses), the checks in a row that were
+    not ready (skips), and the code last written to syslog (logged).
+    """
+
+    def __init__(self, opts, environ):
+        self.opts = opts
+        directory = state_dir(opts, environ)
+        self.base = os.path.join(directory, state_key(opts, environ))
+        self.errors = os.path.join(directory, "errors.json")    # of any check
+        self.previous = read_state(self.base + ".json")
+        self.flight = None          # descriptor holding the flight lock
+
+    def reusable(self, since):
+        """A verdict to reuse: ready and younger than --share-result, or
+        (since given) any check's verdict written after since."""
+        state = self.previous
+        if "code" not in state or "time" not in state:     # types: read_state
+            return None
+        age = time.time() - state["time"]
+        if state["code"] == EX_OK and 0 <= age < self.opts.share_result:
+            return state
+        if since is not None and state["time"] >= since and not state.get("cut"):
+            return state            # (a check its own --deadline cut proves nothing)
+        return None
+
+    def fly(self, run):
+        """Take the flight lock, waiting (to the deadline) while another
+        caller checks, then look at the state again: returns a verdict to
+        reuse, or None when this caller is to check."""
+        import fcntl
+        try:
+            fd = open_no_follow(self.base + ".lock", 0o600)
+        except OSError as exc:      # checked alone, as without --share-result
+            run.problems.append("verdict not shared: %s.lock: %s" % (
+                self.base, exc.strerror or exc))
+            return None
+        since, waited = time.time(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
+                break
+            except OSError:
+                if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
+                    os.close(fd)
+                    raise Fail(EX_TEMPFAIL, "deadline of %gs reached waiting for "
+                               "another caller's check" % run.opts.deadline, "shared")
+                waited = True
+                time.sleep(FLIGHT_POLL)
+        self.flight = fd
+        self.previous = read_state(self.base + ".json")
+        return self.reusable(since if waited else None)
+
+    def unchanged(self, run):
+        """Whether this verdict repeats the last one logged (--log-changes-
+        only). Verdicts that say nothing of the service (a lock held, a bad
+        configuration) are compared only with each other, and never move the
+        service's; the first verdict after a configuration error is news."""
+        before = self.previous
+        if run.stage in NOT_A_CHECK:
+            return before.get("aside") == [run.code, run.stage]
+        error = read_state(self.errors)     # kept apart: a bad file changes the key
+        return (before.get("logged") == run.code
+                and error.get("time", 0) <= before.get("logged_at", 0))
+
+    def save(self, run):
+        """Record this run (a check's verdict, the skip count, what was
+        logged) and release the flight lock; returns the skip count."""
+        state = dict(self.previous)
+        checked = run.reused is None and run.stage not in NOT_A_CHECK \
+            and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
+        if checked:
+            state.update(time=time.time(), code=run.code, stage=run.stage, cut=run.cut,
+                         reason=redact(run.reason), model=redact(run.model or ""),
+                         pid=os.getpid(),
+                         skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
+        aside = run.stage in NOT_A_CHECK
+        if aside and not run.unchanged:
+            state["aside"] = [run.code, run.stage]
+            if run.stage in ("config", "command"):
+                write_atomic(self.errors, json.dumps({"time": time.time()}).encode(), 0o600)
+        elif not aside:
+            state.pop("aside", None)
+            if not run.unchanged:
+                state.update(logged=run.code, logged_at=time.time())
+        try:
+            if state != self.previous:
+                write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
+        finally:
+            if self.flight is not None:
+                os.close(self.flight)
+                self.flight = None
+        return state.get("skips", 0)
+
+
+#: Where the shared verdict and skip count live (--state-dir): the first of
+#: $XDG_RUNTIME_DIR/gpu_preflight, /run/gpu_preflight (root), and a private
+#: directory in /tmp (0700, owned by the user, checked).
+STATE_SUBDIR = "gpu_preflight"
+ROOT_STATE_DIR = "/run/gpu_preflight"
+
+
+def state_dir(opts, environ):
+    """The directory of shared state, made if missing and checked to be the
+    user's own (so nobody else can plant a verdict); raises OSError."""
+    if opts.state_dir:
+        path = opts.state_dir
+    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
+            _owner(environ["XDG_RUNTIME_DIR"]) == os.geteuid():  # not su's leftover
+        path = os.path.join(environ["XDG_RUNTIME_DIR"], STATE_SUBDIR)
+    elif os.geteuid() == 0:
+        path = ROOT_STATE_DIR
+    else:
+        path = "/tmp/%s-%d" % (STATE_SUBDIR, os.geteuid())
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
+            or info.st_mode & 0o022:
+        raise OSError(0, "%s is not a directory of this user's that only it can "
+                      "write" % path)
+    problem = untrusted(path)       # nor may anyone swap a directory above it
+    if problem:
+        raise OSError(0, problem)
+    return path
+
+
+def state_key(opts, environ):
+    """The file name of a check's state: readable, plus a checksum of all that
+    defines the check (options, the GPUs the environment selects, the API,
+    the token's digest, TLS settings)."""
+    import zlib
+    token = None
+    if opts.token:              # hashlib only then: importing it costs 2 ms
+        import hashlib
+        token = hashlib.sha256(opts.token.encode("ascii")).hexdigest()
+    check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
+                        for o in each_option() if o[2] == CHECK] + [
+        environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+                                     ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
+    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, ",".join(opts.model)))
+    return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
+
+
+def read_state(path):
+    """The state saved at path, or {} when there is none or it is not what
+    this script writes (wrong types count as none)."""
+    try:
+        doc = parse_json(read_small_file(path, MAX_CONFIG).decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    for key, kinds in (("time", (int, float)), ("code", int), ("skips", int),
+                       ("logged", int), ("logged_at", (int, float))):
+        value = doc.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)
+                                  or not -1e12 < value < 1e12):
+            return {}
+    return doc
+
+
+def metrics_text(run, skips, now):
+    """Prometheus text format: each family once, with HELP and TYPE, no
+    timestamps (node_exporter's textfile collector refuses them)."""
+    def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
+        text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
+        return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    host = 'host="%s"' % label(run.opts.host)
+    labels = '%s,model="%s"' % (host, label(",".join(run.opts.model)))
+    families = [
+        ("ready", "1 when the last check found the service ready, else 0",
+         [(labels, int(run.code == EX_OK))]),
+        ("last_run_timestamp_seconds", "Unix time of the last check", [(labels, now)]),
+        ("exit_code", "exit status of the last check", [(labels, run.code)]),
+        ("stage_duration_seconds", "time each stage of the last check took",
+         [('%s,stage="%s"' % (labels, name), ms / 1000.0) for name, ms in stage_totals(run)]),
+        ("consecutive_skips", "checks in a row that did not find the service ready",
+         [(labels, skips)]),
+        ("model_warmup_seconds", "time each model's warm-up took in the last check",
+         [('%s,model="%s",kind="%s"' % (host, label(m["name"]), m["kind"] or ""),
+           m["warmup_ms"] / 1000.0) for m in run.models if m["warmup_ms"] is not None]),
+    ]
+    lines = []
+    for name, text, samples in families:
+        if not samples:
+            continue
+        lines += ["# HELP %s_%s %s" % (PROG, name, text), "# TYPE %s_%s gauge" % (PROG, name)]
+        lines += ["%s_%s{%s} %s" % (PROG, name, names, repr(float(value))
+                                    if isinstance(value, float) else value)
+                  for names, value in samples]
+    return "\n".join(lines) + "\n"
+
+
+# ---- The report: syslog line, --json, terminal, from one set of facts -------
+
+def report(run):
+    """Write the verdict: syslog always, stdout for --json, stderr as asked."""
+    opts = run.opts
+    elapsed_ms = (time.monotonic() - run.started) * 1000.0
+
+    def hide(text):     # again on the whole output: nothing echoed gets out
+        return redact(text, server_text=False)
+
+    line = hide(log_line(run, elapsed_ms))
+    problem = None
+    if not opts.no_syslog and not run.unchanged:
+        target = None
+        start_lookup(run)
+        if run.lookup is not None:
+            target = run.lookup.result(min(SYSLOG_WAIT,
+                                           run.deadline_at - time.monotonic()))
+        problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
+                              opts.syslog_address, target,
+                              min(SYSLOG_WAIT, run.deadline_at - time.monotonic()))
+    if opts.json:
+        emit("stdout", hide(json.dumps(verdict_json(run, elapsed_ms), sort_keys=True))
+             + "\n")
+    if opts.quiet:
+        return
+    if opts.verbose:
+        emit("stderr", "".join("%s: %s\n" % (PROG, text) for text in [line] + opts.said))
+        if problem:
+            emit("stderr", "%s: warning: %s; %s\n" % (PROG, sanitise(problem), NO_SYSLOG))
+    elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
+        emit("stderr", "%s: %s\n" % (PROG, line))
+    elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
+                                or _isatty(sys.stderr)):
+        emit("stderr", hide("%s: skip (%d%s): %s\n" % (
+            PROG, run.code, ", " + run.stage if run.stage else "",
+            sanitise(verdict_reason(run), REASON_MAX))))
+    if run.trace and opts.debug:
+        emit("stderr", hide(run.trace))
+
+
+def emit(name, text):
+    """Write text to sys.stdout or sys.stderr (name) at once. A closed or full
+    stream loses the text, never the exit status: it is dropped, so that the
+    interpreter does not fail flushing it again at exit."""
+    stream = getattr(sys, name)
+    try:
+        stream.write(text)
+        stream.flush()
+    except (AttributeError, OSError, ValueError):
+        setattr(sys, name, None)
+
+
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def verdict_reason(run):
+    """The reason with the notes of a ready run appended."""
+    if run.code == EX_OK and run.notes:
+        return "%s; %s" % (run.reason, "; ".join(run.notes))
+    return run.reason
+
+
+def log_line(run, elapsed_ms):
+    """The one line written to syslog (and with -v to stderr)."""
+    fields = [("result", "ready" if run.code == EX_OK else "skip"),
+              ("code", run.code), ("stage", run.stage),
+              ("reason", verdict_reason(run)), ("host", run.opts.host),
+              ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
+    if len(run.models) > 1:
+        fields.append(("models", ", ".join("%s %s %s" % (
+            m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
+            else "%dms" % m["warmup_ms"]) for m in run.models)))
+    fields += [("%s_ms" % name, int(round(ms))) for name, ms in stage_totals(run)]
+    loaded = run.models[0]["was_loaded"] if run.models else None
+    if loaded is not None:
+        fields.append(("was_loaded", "yes" if loaded else "no"))
+    if run.vram_pct is not None:
+        fields.append(("vram_pct", run.vram_pct))
+    if run.api != "ollama":
+        fields.append(("api", run.api))
+    if run.attempt > 1:
+        fields.append(("attempts", run.attempt))
+    if run.reused:
+        fields.append(("shared", "reused"))
+    if run.problems:
+        fields.append(("problem", "; ".join(run.problems)))
+    if run.gpu:
+        fields.append(("gpu_backend", run.gpu["backend"]))
+        for n, gpu in enumerate(run.gpu["gpus"]):
+            fields.append(("gpu%d" % n, gpu_summary(gpu)))
+    return " ".join("%s=%s" % (k, quote(v) if k == "reason" else log_value(v))
+                    for k, v in fields)
+
+
+def gpu_summary(gpu):
+    """One GPU's figures for the log line; '-' where it cannot say."""
+    keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
+    text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
+    problem = gpu["error"] or gpu["health"]
+    return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
+                             gpu["name"] or "-")
+
+
+def verdict_json(run, elapsed_ms):
+    """The --json object."""
+    return {
+        "version": __version__, "ready": run.code == EX_OK,
+        "exit_code": run.code, "result": "ready" if run.code == EX_OK else "skip",
+        "host": run.opts.host, "model": run.model, "stage": run.stage,
+        "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
+        "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
+        "warmup": run.opts.warmup,
+        "model_was_loaded": run.models[0]["was_loaded"] if run.models else None,
+        "models": [dict((k, v) for k, v in m.items() if k != "size") for m in run.models],
+        "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
+        "attempts": run.attempt, "reused": run.reused is not None, "api": run.api,
+        "problems": run.problems,
+    }
+
+
+def stage_totals(run):
+    """(stage name, ms) in the order the stages ran; a stage run once per
+    model is one figure, the sum."""
+    totals = []
+    for stage in run.stages:
+        if totals and any(name == stage["name"] for name, _ in totals):
+            totals = [(n, ms + stage["duration_ms"] if n == stage["name"] else ms)
+                      for n, ms in totals]
+        else:
+            totals.append((stage["name"], stage["duration_ms"]))
+    return totals
+
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
+_BARE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:/@+%,\[\]-]+$")
+
+
+def quote(text):
+    """A sanitised value in double quotes that it cannot close early."""
+    text = sanitise(text, REASON_MAX)
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def log_value(value):
+    """A value for key=value logs: bare when safe, else quoted."""
+    text = sanitise("-" if value is None or value == "" else value, REASON_MAX)
+    return text if _BARE_VALUE_RE.match(text) else quote(text)
+
+
+#: Caps on server text quoted in a reason, and on a whole reason (chars).
+SERVER_TEXT_MAX = 200
+REASON_MAX = 1000
+
+
+def sanitise(text, limit=SERVER_TEXT_MAX):
+    """Text safe for one log line: no secret, no control characters, ASCII,
+    capped (in that order: a cut or an escape must not hide a secret)."""
+    text = redact(str(text)[:limit * 16])
+    text = _CONTROL_RE.sub(" ", text).strip()
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return text
+
+
+#: Every piece of SECRET_PIECE characters of the secrets in use (the bearer
+#: token, as sent and JSON-escaped), and secrets shorter than that: no output
+#: shows them (redact()). Filled by add_secret(), emptied by main().
+SECRET_PIECE = 8
+_SECRETS = {"pieces": set(), "short": set()}
+
+
+def add_secret(secret):
+    """Hide secret, and any SECRET_PIECE characters of it, from every output:
+    as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
+    html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    raw = secret.encode("utf-8", "surrogateescape")
+
+    def quote(safe):        # as urllib.parse.quote does, without importing it
+        return "".join(chr(b) if chr(b).isalnum() and b < 128 or chr(b) in "_.-~" + safe
+                       else "%%%02X" % b for b in raw)
+    for form in (secret, json.dumps(secret)[1:-1], quote(""), quote("/"),
+                 html.replace('"', "&quot;").replace("'", "&#x27;"),
+                 html.replace('"', "&#34;").replace("'", "&#39;")):
+        if len(form) < SECRET_PIECE:
+            _SECRETS["short"].add(form)
+        _SECRETS["pieces"].update(form[i:i + SECRET_PIECE]
+                                  for i in range(len(form) - SECRET_PIECE + 1))
+
+
+def redact(text, server_text=True):
+    """text with every run of characters holding a piece of a secret replaced
+    by [token]. A run swallows a backslash that escapes its first or follows
+    its last character, so a JSON string or a quoted log value stays whole.
+    A secret shorter than a piece is hidden only in server_text, before it
+    is quoted: in a whole line it could be any common letter or a quote."""
+    pieces, n = _SECRETS["pieces"], SECRET_PIECE
+    for short in _SECRETS["short"] if server_text else ():
+        text = text.replace(short, "[token]")
+    hits = [i for i in range(len(text) - n + 1) if text[i:i + n] in pieces] \
+        if pieces else ()
+    if not hits:
+        return text
+
+    def escapes(pos):           # text[pos] is a backslash escaping text[pos + 1]
+        start = pos
+        while start >= 0 and text[start] == "\\":
+            start -= 1
+        return (pos - start) % 2 == 1
+
+    out, done = [], 0
+    for i in hits:
+        if i < done:            # inside the run already replaced
+            continue
+        end = i + n
+        while end < len(text) and text[end - n + 1:end + 1] in pieces:
+            end += 1
+        start = i - 1 if i > 0 and escapes(i - 1) and i - 1 >= done else i
+        if end < len(text) and escapes(end - 1):
+            end += 1
+        out += [text[done:start], "[token]"]
+        done = end
+    out.append(text[done:])
+    return "".join(out)
+
+
+def severity_of(code):
+    if code == EX_OK:
+        return SEV_INFO
+    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
+
+
+#: syslog severities used: ready, skipped, configuration or internal error.
+SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
+
+#: Where syslog lines go unless --syslog-address says otherwise.
+DEFAULT_SYSLOG_ADDRESS = "/dev/log"
+
+#: The most a UDP collector's name lookup, or a local stream socket, may
+#: hold the exit after the verdict (never past the deadline).
+SYSLOG_WAIT = 0.2
+
+#: What -v says when the syslog line could not be sent.
+NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
+             "systemd-journald) or name a listening socket or UDP collector with "
+             "--syslog-address; until then skips are printed on stderr")
+
+#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
+FACILITIES = {
+    "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5,
+    "lpr": 6, "news": 7, "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11,
+    "local0": 16, "local1": 17, "local2": 18, "local3": 19,
+    "local4": 20, "local5": 21, "local6": 22, "local7": 23,
+}
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
+           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def syslog_message(line, severity, facility, udp, now=None):
+    """An RFC 3164 datagram; the hostname only for UDP (local sockets add it)."""
+    stamp = time.localtime(now)
+    head = "<%d>%s %2d %02d:%02d:%02d " % (
+        facility * 8 + severity, _MONTHS[stamp.tm_mon - 1], stamp.tm_mday,
+        stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
+    if udp:
+        head += (socket.gethostname().split(".")[0] or "localhost") + " "
+    return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
+
+
+def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
+    """Send one line; never raises, never takes longer than wait. Returns an
+    error or None. A local socket that is a stream (syslog-ng's
+    unix-stream("/dev/log"), some containers) gets what glibc's syslog(3)
+    sends it: the message and a NUL byte.
+
+    udp_target: the resolved (family, sockaddr) of a HOST:PORT address.
+    """
+    sock = None
+    try:
+        if isinstance(address, tuple):
+            if udp_target is None:
+                return "cannot resolve syslog host %s in time" % address[0]
+            sock = socket.socket(udp_target[0], socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            sock.sendto(syslog_message(line, severity, facility, True), udp_target[1])
+            return None
+        message = syslog_message(line, severity, facility, False)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        try:
+            sock.sendto(message, address)
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EPROTOTYPE:
+                raise
+        sock.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(max(wait, 0.001))
+        sock.connect(address)
+        sock.sendall(message + b"\0")
+    except (OSError, ValueError) as exc:    # ValueError: a path with a NUL byte
+        return "syslog %s: %s" % (address, getattr(exc, "strerror", None) or exc)
+    finally:
+        if sock is not None:
+            sock.close()
+    return None
+
+
+class Lookup(object):
+    """getaddrinfo of a UDP syslog host, in the background from the start of
+    the run: DNS can stall, and neither the verdict nor the deadline waits."""
+
+    def __init__(self, host, port):
+        self.target = None
+        self._thread = threading.Thread(target=self._resolve, args=(host, port))
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _resolve(self, host, port):
+        try:
+            info = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+            self.target = (info[0], info[4])
+        except (OSError, UnicodeError, ValueError, IndexError):
+            pass
+
+    def result(self, wait):
+        self._thread.join(max(0.0, wait))
+        return self.target
+
+
+def start_lookup(run):
+    """Resolve a UDP syslog collector's name in the background, once."""
+    if (run.lookup is None and isinstance(run.opts.syslog_address, tuple)
+            and not run.opts.no_syslog):
+        run.lookup = Lookup(*run.opts.syslog_address)
+
+
 # ---- Configuration: flags > GPU_PREFLIGHT_* > config file > defaults --------
+
+def parse_seconds(text):
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("%r is not a number of seconds" % text)
+    if not 0 < value < 1e6:
+        raise ValueError("%r: must be more than 0 seconds" % text)
+    return value
+
+
+def parse_count(text, most=10 ** 9):
+    """A whole number from 0 to most (MiB, percent, degrees, processes)."""
+    if not is_digits(text.strip()) or int(text) > most:
+        raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
+    return int(text)
+
+
+def parse_percent(text):
+    return parse_count(text, 100)
+
+
+def parse_choice(*choices):
+    """A parser accepting one of choices."""
+    def parse(text):
+        if text not in choices:
+            raise ValueError("%r: choose %s or %s" % (text, ", ".join(choices[:-1]),
+                                                       choices[-1]))
+        return text
+    return parse
+
+
+def parse_bool(text):
+    """A boolean from the environment or the config file."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("%r is not a boolean (1/0, true/false, yes/no)" % text)
+
+
+def parse_path(text):
+    """A file or directory path: not empty, no NUL byte; in the file
+    system's encoding (ASCII with escapes under Python 3.6's C locale)."""
+    if not text.strip() or "\0" in text:
+        raise ValueError("%r is not a path" % text)
+    return os.fsdecode(text.encode("utf-8", "surrogateescape"))
+
+
+#: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
+_DURATION = r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$"
+_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
+
+
+def parse_keep_alive(text):
+    """A keep_alive in a form Ollama accepts: number of seconds or duration."""
+    text = text.strip()
+    if re.match(_NUMBER, text):
+        number = float(text)
+        if abs(number) > 1e9:       # Go's time.Duration ends at 292 years
+            raise ValueError("%r: more seconds than Ollama accepts" % text)
+        return int(number) if number == int(number) else number
+    if re.match(_DURATION, text):
+        return text
+    raise ValueError("%r is neither seconds (600, -1) nor a duration "
+                     "with a unit (10m, 1h, 30s)" % text)
+
+
+def parse_ollama_option(text):
+    """KEY=VALUE for the warm-up's options; VALUE is JSON where it parses."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not re.match(r"^[a-z_][a-z0-9_]*$", key):
+        raise ValueError("%r: expected KEY=VALUE, e.g. num_ctx=8192" % text)
+    if key == "num_predict":
+        raise ValueError("num_predict is fixed at 1 for the warm-up")
+    try:
+        value = parse_json(raw)
+    except ValueError as exc:
+        if not isinstance(exc, json.JSONDecodeError):   # too deep, too long a number
+            raise ValueError("%s: %s" % (key, exc))
+        value = raw
+    return key, value
+
+
+#: What Ollama's models may declare (types/model/capability.go), for --require.
+CAPABILITIES = ("completion", "tools", "insert", "vision", "embedding", "thinking",
+                "image", "audio")
+
+
+def parse_models(text):
+    """--model: one name or NAME,NAME; every name non-empty and distinct."""
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        raise ValueError("%r: a model name is empty" % text)
+    unique_models(names)
+    return names
+
+
+def unique_models(names):
+    """Raise ValueError when two names mean one model (qwen3, qwen3:latest)."""
+    for i, name in enumerate(names):
+        twice = [n for n in names[:i] if same_model(n, name)]
+        if twice:
+            raise ValueError("model %s is named twice (as %s)" % (name, twice[0]))
+
+
+def parse_require(text):
+    """--require: CAP[,CAP] or MODEL=CAP[,CAP] -> [(MODEL or None, [CAP])]."""
+    model, _, caps = text.rpartition("=")
+    caps = [c.strip() for c in caps.split(",")]
+    bad = [c for c in caps if c not in CAPABILITIES]
+    if bad or (model is not None and "=" in text and not model.strip()):
+        raise ValueError("%r: capabilities are %s" % (text, ", ".join(CAPABILITIES)))
+    return [(model.strip() or None, caps)]
+
+
+def split_require(text):
+    """--require items of an environment or config value: "tools, vision
+    qwen3=thinking" is two items (a comma joins, a blank parts)."""
+    return re.sub(r"\s*,\s*", ",", text).split()
+
+
+def shlex_split(text):
+    """Words of an environment or config value, quoted as in a shell."""
+    import shlex
+    return shlex.split(text)
+
+
+def utf8(text):
+    """text decoded as UTF-8 where it arrived escaped: Python 3.6 decodes
+    argv and the environment as ASCII under cron's C locale (3.7 and later
+    as UTF-8). Bytes that are not UTF-8 stay escaped."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeError:
+        return text
+
+
+def parse_facility(text):
+    """A syslog facility name, returned as its code."""
+    if text.lower() not in FACILITIES:
+        raise ValueError("%r: not a syslog facility (user, daemon, local0..local7...)"
+                         % text)
+    return FACILITIES[text.lower()]
+
+
+def parse_syslog_address(text):
+    """A UNIX datagram socket path, or HOST:PORT for UDP."""
+    if "/" in text:
+        return text
+    host, port = _split_host_port(text)
+    if not host or not port or not is_digits(port) or not 0 < int(port) < 65536:
+        raise ValueError("%r: expected a socket path or HOST:PORT" % text)
+    return (host, int(port))
+
+
+def parse_gpu_ids(text):
+    """--gpu-id: comma-separated NVML indexes or UUIDs (or UUID prefixes)."""
+    ids = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in ids if not (is_digits(item) or re.match(
+        r"^(GPU|MIG)-[0-9A-Za-z/-]+$", item))]
+    if not ids or bad:
+        raise ValueError("%r: expected indexes or UUIDs (0,1 or GPU-8f3a...)" % text)
+    return ids
+
+
+def parse_nvml_lib(text):
+    """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
+    text = parse_path(text)
+    if "/stubs/" in text:
+        raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
+                         "driver's library" % text)
+    return text
+
+
+def host_url(value):
+    """A --host value: parsed like OLLAMA_HOST, but a bad port is an error."""
+    text = value.strip().strip("\"'")
+    if re.search(r"[\s?#@]", text) or text.count("[") != text.count("]"):
+        raise ValueError("%r is not a URL or HOST:PORT" % value)
+    if text.endswith("://"):
+        raise ValueError("%r names no host" % value)
+    url, bad_port = parse_ollama_host(value)
+    if bad_port is not None:
+        raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(), bad_port))
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("%s: only http:// and https:// URLs are supported"
+                         % value.strip())
+    if not usable_host(url_host(url)):
+        raise ValueError("%s: %r is not a host name or IP address"
+                         % (value.strip(), url_host(url)))
+    return url
+
+
+def usable_host(host):
+    """A host urllib can connect to: a name, an IPv4 or an IPv6 literal."""
+    if ":" not in host:
+        return bool(re.match(r"^[A-Za-z0-9._~-]*$", host))
+    try:
+        socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def parse_ollama_host(value):
+    """Parse OLLAMA_HOST as Ollama does; return (base URL, the bad port it
+    replaced with the default, or None).
+
+    'http://host' means port 80 and 'https://host' port 443; without a scheme
+    the port is 11434; quotes and spaces are stripped; a path is kept as a
+    prefix; a bad port falls back to the default with a warning.
+    """
+    text = value.strip().strip("\"'").strip()
+    port = OLLAMA_PORT
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        port = {"http": "80", "https": "443"}.get(scheme, port)
+    elif text == "ollama.com":
+        scheme, rest, port = "https", text, "443"
+    else:
+        scheme, rest = "http", text
+    rest = rest.rstrip("/")
+    hostport, slash, path = rest.partition("/")
+    path = ("/" + path.rstrip("/")) if slash and path.strip("/") else ""
+    host, got_port = _split_host_port(hostport)
+    if got_port is None:
+        host = hostport.strip("[]") if hostport else "127.0.0.1"
+        got_port = port
+    bad_port = None
+    if not is_digits(got_port) or int(got_port) > 65535:
+        bad_port, got_port = got_port, port
+    if ":" in host:
+        host = "[%s]" % host
+    return "%s://%s:%s%s" % (scheme, host, got_port, path), bad_port
+
+
+def _split_host_port(text):
+    """Go's net.SplitHostPort: (host, port), or (None, None) when it fails."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or not text[end + 1:].startswith(":"):
+            return None, None
+        return text[1:end], text[end + 2:]
+    if text.count(":") != 1:
+        return None, None
+    host, port = text.split(":")
+    return host, port
+
 
 #: Whether an option defines the check (callers share a verdict under
 #: --share-result only when all of these are the same) or only how the check
@@ -1089,6 +3073,46 @@ def build_parser():
     return parser
 
 
+def configure(ns, environ):
+    """Options for this run, plus a configuration error message or None.
+
+    On error the options still carry what flags and defaults say, so the
+    error is logged where the command line asked.
+    """
+    path, must_exist = config_path(ns, environ)
+    try:
+        values = read_config_file(path, must_exist)
+        opts = resolve_options(ns, environ, values, path)
+        opts.said.insert(0, "config file %s" % path if values is not None else
+                         "no config file (%s does not exist)" % path)
+        return opts, None
+    except ConfigError as exc:
+        try:
+            return resolve_options(ns, environ, {}), str(exc)
+        except ConfigError:
+            return resolve_options(ns, {}, {}), str(exc)
+
+
+def config_path(ns, environ):
+    """(path, whether it must exist) of the config file: --config, else
+    GPU_PREFLIGHT_CONFIG, else, not running as root, the user's
+    $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config) when it exists (where
+    install.sh --sysconfdir "$HOME/.config" puts it), else DEFAULT_CONFIG."""
+    given = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
+    if given:
+        return given, True
+    if os.geteuid() != 0:
+        base = environ.get("XDG_CONFIG_HOME", "").strip() or os.path.join(
+            environ.get("HOME", ""), ".config")
+        user = os.path.join(base, PROG + ".conf")
+        if base.startswith("/") and os.path.exists(user):
+            return user, True
+    return DEFAULT_CONFIG, False
+
+
+MAX_CONFIG = 64 * 1024
+
+
 def read_config_file(path, must_exist):
     """The [gpu_preflight] keys of an INI file, as {option name: text};
     None when there is no file and none was asked for."""
@@ -1123,149 +3147,6 @@ def read_config_file(path, must_exist):
             raise ConfigError("config file %s: unknown key %r" % (path, key))
         values[name] = text
     return values
-
-
-def untrusted(path):
-    """Why someone other than this user or root could have written path (a
-    file this process reads configuration or a secret from, or loads code
-    from), or None. OpenSSH's StrictModes: the file and every directory above
-    it are owned by this user or root and writable by no one else; a sticky
-    directory such as /tmp is fine above an entry that passes; a symlink is
-    judged by its owner, the directory holding it and what it points to.
-    Raises OSError when the path cannot be looked up."""
-    owners = (0, os.geteuid())
-    todo = [p for p in os.path.join(os.getcwd(), path).split("/") if p]  # no lexical ..
-    here, hops = "/", 0
-    info = os.lstat(here)
-    while True:
-        mode = info.st_mode
-        if info.st_uid not in owners:
-            me = "root" if owners[1] == 0 else user_name(owners[1], bare=True)
-            return "%s is owned by %s, not by %s: chown %s %s" % (
-                here, user_name(info.st_uid),
-                "root" if owners[1] == 0 else "this user or root", me, here)
-        if stat.S_ISLNK(mode):
-            hops += 1
-            if hops > 40:
-                raise OSError(errno.ELOOP, "too many levels of symbolic links")
-            target = os.readlink(here)
-            todo[:0] = [p for p in target.split("/") if p]
-            here = "/" if target.startswith("/") else os.path.dirname(here)
-            info = os.lstat(here)
-            continue
-        sticky_dir = stat.S_ISDIR(mode) and mode & stat.S_ISVTX and todo
-        if mode & 0o022 and not sticky_dir:
-            return "%s is writable by group or others (mode %04o): chmod go-w %s" % (
-                here, stat.S_IMODE(mode), here)
-        while todo and todo[0] in (".", ".."):
-            here = os.path.dirname(here) if todo.pop(0) == ".." else here
-        if not todo:
-            return None
-        here = os.path.join(here, todo.pop(0))
-        info = os.lstat(here)
-
-
-def read_trusted(path, limit):
-    """The bytes of a small regular file that only this user or root could
-    have written (untrusted()); raises ValueError saying why not."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ValueError("not a regular file")
-        problem = untrusted(path)
-        if problem is None:
-            return read_small_file(path, limit)
-    except OSError as exc:
-        problem = exc.strerror or str(exc)
-    else:
-        problem = "others could have written it: " + problem
-    raise ValueError(problem)
-
-
-def read_small_file(path, limit):
-    """The bytes of a regular file of at most `limit` bytes.
-
-    Never blocks on a FIFO or device, never reads more than limit + 1 bytes;
-    raises OSError, or ValueError for a file that is not small and regular.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # novermin: flags, not types
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    if size > limit:
-        raise ValueError("larger than %d KiB" % (limit // 1024))
-    return b"".join(chunks)
-
-
-def read_token(opts, environ):
-    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None.
-
-    Raises Fail (78): a token file others can read while running as root,
-    an empty file, or a token a header cannot carry.
-    """
-    path, where = opts.token_file, "GPU_PREFLIGHT_TOKEN"
-    text = environ.get(ENV_PREFIX + "TOKEN", "")
-    if text.strip():
-        add_secret(text.strip())
-    if path:
-        where = "token file %s" % sanitise(path)
-        try:
-            text = read_trusted(path, MAX_CONFIG).decode("utf-8")
-            mode = os.stat(path).st_mode
-        except (OSError, ValueError) as exc:
-            raise Fail(EX_CONFIG, "cannot read %s: %s" % (
-                where, sanitise(getattr(exc, "strerror", None) or exc)), "config")
-        if os.geteuid() == 0 and mode & 0o044:
-            raise Fail(EX_CONFIG, "%s is readable by group or others (mode %04o): "
-                       "chmod 600 it" % (where, stat.S_IMODE(mode)), "config")
-        text = text.strip().split("\n")[0].strip()
-        if not text:
-            raise Fail(EX_CONFIG, "%s is empty" % where, "config")
-        add_secret(text)
-    text = text.strip()
-    if text and not re.match(r"^[\x21-\x7e]+$", text):
-        raise Fail(EX_CONFIG, "the token in %s has characters an HTTP header cannot "
-                   "carry" % where, "config")
-    return text or None
-
-
-def tls_context(opts):
-    """The TLS context for an https:// host: the system's CA store, or
-    --cafile, or no verification at all with --insecure."""
-    if not opts.host.startswith("https://"):
-        return None
-    import ssl
-    if opts.insecure:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    try:
-        pem = opts.cafile and read_trusted(opts.cafile, MAX_BODY).decode("ascii")
-        if pem is not None and not pem.strip():
-            raise ValueError("empty file")  # cadata="" would mean the system store
-        return ssl.create_default_context(cadata=pem)
-    except (ValueError, ssl.SSLError) as exc:    # UnicodeDecodeError is a ValueError
-        raise Fail(EX_CONFIG, "cannot use --cafile %s: %s" % (
-            sanitise(opts.cafile), sanitise(exc)), "config")
-
-
-def _from_text(kind, text):
-    """An option's value from environment or file text."""
-    if kind == "flag":
-        return parse_bool(text)
-    if isinstance(kind, tuple):
-        return [[item for part in kind[1](text) for item in kind[0](part)]]
-    return kind(text)
-
 
 
 def resolve_options(ns, environ, file_values, file_name="config file"):
@@ -1324,1445 +3205,159 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
     return opts
 
 
-def configure(ns, environ):
-    """Options for this run, plus a configuration error message or None.
+def _from_text(kind, text):
+    """An option's value from environment or file text."""
+    if kind == "flag":
+        return parse_bool(text)
+    if isinstance(kind, tuple):
+        return [[item for part in kind[1](text) for item in kind[0](part)]]
+    return kind(text)
 
-    On error the options still carry what flags and defaults say, so the
-    error is logged where the command line asked.
+
+def read_token(opts, environ):
+    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None.
+
+    Raises Fail (78): a token file others can read while running as root,
+    an empty file, or a token a header cannot carry.
     """
-    path, must_exist = config_path(ns, environ)
-    try:
-        values = read_config_file(path, must_exist)
-        opts = resolve_options(ns, environ, values, path)
-        opts.said.insert(0, "config file %s" % path if values is not None else
-                         "no config file (%s does not exist)" % path)
-        return opts, None
-    except ConfigError as exc:
+    path, where = opts.token_file, "GPU_PREFLIGHT_TOKEN"
+    text = environ.get(ENV_PREFIX + "TOKEN", "")
+    if text.strip():
+        add_secret(text.strip())
+    if path:
+        where = "token file %s" % sanitise(path)
         try:
-            return resolve_options(ns, environ, {}), str(exc)
-        except ConfigError:
-            return resolve_options(ns, {}, {}), str(exc)
+            text = read_trusted(path, MAX_CONFIG).decode("utf-8")
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError) as exc:
+            raise Fail(EX_CONFIG, "cannot read %s: %s" % (
+                where, sanitise(getattr(exc, "strerror", None) or exc)), "config")
+        if os.geteuid() == 0 and mode & 0o044:
+            raise Fail(EX_CONFIG, "%s is readable by group or others (mode %04o): "
+                       "chmod 600 it" % (where, stat.S_IMODE(mode)), "config")
+        text = text.strip().split("\n")[0].strip()
+        if not text:
+            raise Fail(EX_CONFIG, "%s is empty" % where, "config")
+        add_secret(text)
+    text = text.strip()
+    if text and not re.match(r"^[\x21-\x7e]+$", text):
+        raise Fail(EX_CONFIG, "the token in %s has characters an HTTP header cannot "
+                   "carry" % where, "config")
+    return text or None
 
 
-def config_path(ns, environ):
-    """(path, whether it must exist) of the config file: --config, else
-    GPU_PREFLIGHT_CONFIG, else, not running as root, the user's
-    $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config) when it exists (where
-    install.sh --sysconfdir "$HOME/.config" puts it), else DEFAULT_CONFIG."""
-    given = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
-    if given:
-        return given, True
-    if os.geteuid() != 0:
-        base = environ.get("XDG_CONFIG_HOME", "").strip() or os.path.join(
-            environ.get("HOME", ""), ".config")
-        user = os.path.join(base, PROG + ".conf")
-        if base.startswith("/") and os.path.exists(user):
-            return user, True
-    return DEFAULT_CONFIG, False
-
-
-# ---- GPU collectors: NVML, nvidia-smi, AMD sysfs, each in a child process --
-#
-# The driver can block a caller for minutes in uninterruptible sleep, where no
-# signal reaches it. So every probe is a child in its own process group,
-# forked while this process still has one thread; its output arrives through
-# a pipe read with a deadline, and on time-out the group is killed and the
-# child abandoned (never waited for without a bound). The child's stdin,
-# stdout and stderr are /dev/null, so a stuck child never holds cron's pipes.
-
-def spawn(run, child=None, argv=None, env=None):
-    """Fork child() (its JSON result is the output) or exec argv (its stdout
-    is); return (pid, read end of the output pipe)."""
-    import warnings
-    rfd, wfd = os.pipe()
-    with warnings.catch_warnings():     # a --wait retry may have threads
-        warnings.simplefilter("ignore", DeprecationWarning)  # blocked in sockets
-        pid = os.fork()
-    if pid == 0:                    # the child: never returns
-        status = 127 if argv else EX_SOFTWARE
-        try:
-            os.setpgid(0, 0)
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-                signal.signal(signum, signal.SIG_DFL)
-            null = os.open(os.devnull, os.O_RDWR)
-            os.dup2(null, 0)
-            os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
-            os.dup2(null, 2)
-            for fd in map(int, os.listdir("/proc/self/fd")):   # a stuck probe
-                if fd > 2 and fd != wfd:                        # must hold no
-                    try:                                        # lock or pipe
-                        os.close(fd)
-                    except OSError:
-                        pass
-            if argv:
-                os.execve(argv[0], argv, env)
-            data = json.dumps(child()).encode("utf-8")
-            while data:
-                data = data[os.write(wfd, data):]
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(wfd)
+def tls_context(opts):
+    """The TLS context for an https:// host: the system's CA store, or
+    --cafile, or no verification at all with --insecure."""
+    if not opts.host.startswith("https://"):
+        return None
+    import ssl
+    if opts.insecure:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
     try:
-        os.setpgid(pid, pid)        # also here: a kill may come before the child's
-    except OSError:
-        pass
-    run.children.append(pid)
-    return pid, rfd
+        pem = opts.cafile and read_trusted(opts.cafile, MAX_BODY).decode("ascii")
+        if pem is not None and not pem.strip():
+            raise ValueError("empty file")  # cadata="" would mean the system store
+        return ssl.create_default_context(cadata=pem)
+    except (ValueError, ssl.SSLError) as exc:    # UnicodeDecodeError is a ValueError
+        raise Fail(EX_CONFIG, "cannot use --cafile %s: %s" % (
+            sanitise(opts.cafile), sanitise(exc)), "config")
 
 
-def collect(run, pid, rfd, ends_at, what, reaped_by=None):
-    """The child's output and exit status (None: it has not ended by
-    reaped_by, or PROBE_REAP_WAIT after its output ended).
+# ---- Files that root reads or writes: trusted, bounded, never blocking ------
 
-    Raises Fail (75, "GPU probe hung") when the output does not end in time.
+def untrusted(path):
+    """Why someone other than this user or root could have written path (a
+    file this process reads configuration or a secret from, or loads code
+    from), or None. OpenSSH's StrictModes: the file and every directory above
+    it are owned by this user or root and writable by no one else; a sticky
+    directory such as /tmp is fine above an entry that passes; a symlink is
+    judged by its owner, the directory holding it and what it points to.
+    Raises OSError when the path cannot be looked up."""
+    owners = (0, os.geteuid())
+    todo = [p for p in os.path.join(os.getcwd(), path).split("/") if p]  # no lexical ..
+    here, hops = "/", 0
+    info = os.lstat(here)
+    while True:
+        mode = info.st_mode
+        if info.st_uid not in owners:
+            me = "root" if owners[1] == 0 else user_name(owners[1], bare=True)
+            return "%s is owned by %s, not by %s: chown %s %s" % (
+                here, user_name(info.st_uid),
+                "root" if owners[1] == 0 else "this user or root", me, here)
+        if stat.S_ISLNK(mode):
+            hops += 1
+            if hops > 40:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links")
+            target = os.readlink(here)
+            todo[:0] = [p for p in target.split("/") if p]
+            here = "/" if target.startswith("/") else os.path.dirname(here)
+            info = os.lstat(here)
+            continue
+        sticky_dir = stat.S_ISDIR(mode) and mode & stat.S_ISVTX and todo
+        if mode & 0o022 and not sticky_dir:
+            return "%s is writable by group or others (mode %04o): chmod go-w %s" % (
+                here, stat.S_IMODE(mode), here)
+        while todo and todo[0] in (".", ".."):
+            here = os.path.dirname(here) if todo.pop(0) == ".." else here
+        if not todo:
+            return None
+        here = os.path.join(here, todo.pop(0))
+        info = os.lstat(here)
+
+
+def user_name(uid, bare=False):
+    """'uid 65534 (nobody)' for messages about who owns a file; bare:
+    'nobody', as chown takes it."""
+    import pwd
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid) if bare else "uid %d" % uid
+    return name if bare else "uid %d (%s)" % (uid, name)
+
+
+def read_trusted(path, limit):
+    """The bytes of a small regular file that only this user or root could
+    have written (untrusted()); raises ValueError saying why not."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError("not a regular file")
+        problem = untrusted(path)
+        if problem is None:
+            return read_small_file(path, limit)
+    except OSError as exc:
+        problem = exc.strerror or str(exc)
+    else:
+        problem = "others could have written it: " + problem
+    raise ValueError(problem)
+
+
+def read_small_file(path, limit):
+    """The bytes of a regular file of at most `limit` bytes.
+
+    Never blocks on a FIFO or device, never reads more than limit + 1 bytes;
+    raises OSError, or ValueError for a file that is not small and regular.
     """
-    import select
-    chunks, size = [], 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # novermin: flags, not types
     try:
-        while size <= MAX_PROBE_OUTPUT:
-            left = ends_at - time.monotonic()
-            if left <= 0 or not select.select([rfd], [], [], left)[0]:
-                kill_probes(run)
-                stage = run.current
-                raise Fail(EX_TEMPFAIL, "GPU probe hung: %s did not answer within "
-                           "%.3gs (driver wedged, or GPUs initialising without "
-                           "persistence mode)" % (what, stage.ends_at - stage.started))
-            chunk = os.read(rfd, 65536)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
     finally:
-        os.close(rfd)
-    end = reaped_by or time.monotonic() + PROBE_REAP_WAIT
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:   # SIGCHLD ignored by whoever started us
-            run.children.remove(pid)
-            return b"".join(chunks), None
-        if done:
-            run.children.remove(pid)
-            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            return b"".join(chunks), code
-        if time.monotonic() > end:
-            return b"".join(chunks), None
-        time.sleep(0.002)
-
-
-def kill_probes(run):
-    """SIGKILL every probe's process group still running; wait for none."""
-    for pid in run.children:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def forked(run, child, ends_at, what):
-    """The JSON object a forked probe child() returned; Fail (69) when it
-    died (--gpu-backend auto then tries the next backend)."""
-    pid, rfd = spawn(run, child)
-    out, status = collect(run, pid, rfd, ends_at, what)
-    try:
-        doc = json.loads(out.decode("utf-8"))
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        raise Fail(EX_UNAVAILABLE, "%s probe died (%s)" % (what, "signal %d" % -status
-                                                         if status and status < 0
-                                                         else "exit %s" % status))
-    return doc
-
-
-def probe_nvml(run, ends_at):
-    """NVML in a forked child: a snapshot dict, or a string when absent."""
-    doc = forked(run, lambda: nvml_snapshot(run.opts.nvml_lib), ends_at, "NVML")
-    code, text = doc.pop("nvml_error", None), sanitise(doc.pop("text", ""))
-    if "untrusted" in doc:
-        raise Fail(EX_CONFIG, sanitise(doc["untrusted"]))
-    if code in (None, 0):
-        return doc
-    if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
-        return "NVML: %s" % text
-    if code == NVML_DRIVER_NOT_LOADED:
-        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (NVML: %s)" % text)
-    if code == NVML_LIB_RM_VERSION_MISMATCH:
-        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("NVML: " + text))
-    raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text)
-
-
-def nvml_structs(c):
-    """nvml.h's structs as ctypes classes (c: the ctypes module): nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlProcessInfo_v1_t and nvmlProcessInfo_v2_t."""
-    class Memory(c.Structure):
-        _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
-                    ("used", c.c_ulonglong)]
-
-    class MemoryV2(c.Structure):
-        _fields_ = [("version", c.c_uint), ("total", c.c_ulonglong),
-                    ("reserved", c.c_ulonglong), ("free", c.c_ulonglong),
-                    ("used", c.c_ulonglong)]
-
-    class Process(c.Structure):         # nvmlProcessInfo_v1_t
-        _fields_ = [("pid", c.c_uint), ("usedGpuMemory", c.c_ulonglong)]
-
-    class ProcessV2(c.Structure):       # nvmlProcessInfo_v2_t, for _v2 and _v3
-        _fields_ = Process._fields_ + [("gpuInstanceId", c.c_uint),
-                                       ("computeInstanceId", c.c_uint)]
-
-    return Memory, MemoryV2, Process, ProcessV2
-
-
-def nvml_candidates(path):
-    """Where NVML may be, in order: --nvml-lib alone, else the directories
-    of LD_LIBRARY_PATH, the dynamic linker's cache and NVML_DIRS. Absolute
-    paths only, so that what is loaded is what was checked."""
-    if path:
-        return [path]
-    found = [os.path.join(d, NVML_NAME) for d in
-             os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
-    try:
-        with open("/etc/ld.so.cache", "rb") as handle:
-            found += [p.decode("utf-8", "replace") for p in re.findall(
-                br"\x00(/[^\x00]*/libnvidia-ml\.so\.1)(?=\x00)", handle.read(1 << 24))]
-    except OSError:
-        pass
-    found += [d + "/" + NVML_NAME for d in NVML_DIRS]
-    return [p for i, p in enumerate(found) if p not in found[:i]]
-
-
-def nvml_snapshot(path):
-    """In the child: NVML's view of every GPU, as a JSON-ready dict."""
-    import ctypes as c
-    Memory, MemoryV2, Process, ProcessV2 = nvml_structs(c)
-
-    lib, why = None, "%s not found" % (path or NVML_NAME)
-    for name in nvml_candidates(path):
-        if not os.path.isfile(name):        # missing, or a FIFO that would block
-            why = "%s is not a regular file" % name if os.path.exists(name) else why
-            continue
-        if "/stubs/" in os.path.realpath(name):
-            why = "only the CUDA toolkit's stub library (%s)" % name
-            continue
-        try:
-            problem = untrusted(name)
-        except OSError as exc:
-            problem = exc.strerror
-        if problem:             # checked before dlopen runs a byte of it
-            return {"untrusted": "NVML library %s: others could have written it: %s"
-                    % (name, problem)}
-        try:
-            lib = c.CDLL(name)
-            break
-        except OSError as exc:
-            why = str(exc)
-    if lib is None:
-        return {"nvml_error": NVML_LIBRARY_NOT_FOUND, "text": why}
-
-    def call(function, *args):          # every argument a ctypes object: no
-        try:                            # bare int truncates a 64-bit handle
-            return getattr(lib, function)(*args)
-        except AttributeError:
-            return NVML_FUNCTION_NOT_FOUND
-
-    def error(code):
-        lib.nvmlErrorString.restype = c.c_char_p
-        return "%s (NVML error %d)" % ((lib.nvmlErrorString(c.c_int(code)) or b"")
-                                       .decode("ascii", "replace"), code)
-
-    def text(function, handle):
-        buf = c.create_string_buffer(96)
-        ok = call(function, handle, buf, c.c_uint(96)) == 0
-        return buf.value.decode("utf-8", "replace") if ok else None
-
-    def uint(function, handle, *args):
-        value = c.c_uint(0)
-        return value.value if call(function, handle, *args + (c.byref(value),)) == 0 else None
-
-    def measure(handle, gpu):
-        """Memory and compute processes, of a GPU or a MIG device."""
-        mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
-        code = call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
-        if code:
-            mem = Memory()
-            code = call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
-        if code == NVML_GPU_IS_LOST:
-            gpu["error"] = error(code)
-        elif code == 0:
-            gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
-        for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
-                               ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
-                               ("nvmlDeviceGetComputeRunningProcesses", Process)):
-            number = c.c_uint(0)
-            code = call(function, handle, c.byref(number), None)
-            if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
-                number = c.c_uint(number.value * 2 + 5)
-                code = call(function, handle, c.byref(number), (kind * number.value)())
-            if code != NVML_FUNCTION_NOT_FOUND:
-                gpu["procs"] = number.value if code == 0 else None
-                break
-
-    code = call("nvmlInit_v2")
-    if code:
-        return {"nvml_error": code, "text": error(code)}
-    try:
-        count, gpus = c.c_uint(0), []
-        code = call("nvmlDeviceGetCount_v2", c.byref(count))
-        if code:
-            return {"nvml_error": code, "text": error(code)}
-        for index in range(count.value):
-            handle = c.c_void_p()
-            code = call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
-            if code:
-                gpus.append(gpu_record(index, None, None, error=error(code)))
-                gpus[-1]["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
-                continue
-            gpu = gpu_record(index, text("nvmlDeviceGetUUID", handle),
-                             text("nvmlDeviceGetName", handle))
-            gpus.append(gpu)
-            measure(handle, gpu)
-            if gpu["error"]:
-                continue
-            util = (c.c_uint * 2)()
-            if call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
-                gpu["util_pct"] = util[0]
-            gpu["temp_c"] = uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
-            mode, pending = c.c_uint(0), c.c_uint(0)
-            if call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
-                gpu["mig"] = mode.value == 1
-            slots = uint("nvmlDeviceGetMaxMigDeviceCount", handle) if gpu["mig"] else 0
-            for slot in range(slots or 0):
-                child = c.c_void_p()
-                if call("nvmlDeviceGetMigDeviceHandleByIndex", handle,
-                        c.c_uint(slot), c.byref(child)) == 0:
-                    mig = gpu_record(index, text("nvmlDeviceGetUUID", child),
-                                     text("nvmlDeviceGetName", child))
-                    mig["parent"] = gpu["uuid"]
-                    measure(child, mig)
-                    gpus.append(mig)
-            rows = [c.c_uint(0) for _ in range(4)]  # corrected, uncorrected, pending, failed
-            ecc = c.c_ulonglong(0)              # uncorrected (1), since the driver loaded (0)
-            if call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0 \
-                    and (rows[2].value or rows[3].value):
-                gpu["health"] = "row remapping %s" % ("failed: the GPU needs service"
-                                                      if rows[3].value else
-                                                      "pending: the GPU needs a reset")
-            elif uint("nvmlDeviceGetRetiredPagesPendingStatus", handle):
-                gpu["health"] = "retired pages pending: the GPU needs a reset"
-            elif call("nvmlDeviceGetTotalEccErrors", handle, c.c_int(1), c.c_int(0),
-                      c.byref(ecc)) == 0 and ecc.value:
-                gpu["health"] = ("%d uncorrectable ECC errors since the driver loaded: "
-                                 "the GPU needs a reset" % ecc.value)
-        driver = c.create_string_buffer(96)
-        call("nvmlSystemGetDriverVersion", driver, c.c_uint(96))
-        return {"driver": driver.value.decode("ascii", "replace") or None,
-                "library": name, "gpus": gpus}
-    finally:
-        call("nvmlShutdown")
-
-
-def probe_smi(run, ends_at):
-    """nvidia-smi's CSV: a snapshot dict, or a string when it is absent."""
-    path = next((os.path.join(d, "nvidia-smi") for d in
-                 os.environ.get("PATH", "").split(os.pathsep) + list(SMI_DIRS)
-                 if d and os.access(os.path.join(d, "nvidia-smi"), os.X_OK)), None)
-    if path is None:
-        return "nvidia-smi not found in PATH or %s" % ", ".join(SMI_DIRS)
-    try:
-        problem = untrusted(path)
-    except OSError as exc:
-        problem = exc.strerror
-    if problem:                 # it would run as root
-        raise Fail(EX_CONFIG, "%s: others could have written it: %s" % (path, problem))
-    env = dict(os.environ, LC_ALL="C")
-
-    def smi(query):
-        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"], env=env)
-        out, status = collect(run, pid, rfd, ends_at, "nvidia-smi", ends_at)
-        if status is None:      # its exit status says which GPUs failed
-            kill_probes(run)
-            raise Fail(EX_TEMPFAIL, "GPU probe hung: nvidia-smi did not exit within "
-                       "%.3gs of its output ending" % (ends_at - run.current.started))
-        return out.decode("utf-8", "replace"), status
-
-    text, status = smi("--query-gpu=" + ",".join(SMI_FIELDS))
-    said = sanitise(text.strip().splitlines()[0] if text.strip() else "no output")
-    if status == NVML_DRIVER_NOT_LOADED or "couldn't communicate with the NVIDIA driver" in text:
-        raise Fail(EX_UNAVAILABLE, "NVIDIA driver not loaded (nvidia-smi: %s)" % said)
-    if status == NVML_LIB_RM_VERSION_MISMATCH or "version mismatch" in text:
-        raise Fail(EX_UNAVAILABLE, VERSION_MISMATCH % ("nvidia-smi: " + said))
-    if status in (NVML_LIBRARY_NOT_FOUND, 127):
-        return "nvidia-smi: %s (exit %d)" % (said, status)
-    gpus, lost = parse_smi_csv(text)
-    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why))
-             for index, bus, why in lost]
-    if status not in (0, None) and not lost:    # a GPU failed, and which is unknown
-        raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, sanitise(
-            next((l for l in text.splitlines() if l.count(", ") != len(SMI_FIELDS) - 1
-                  and l.strip()), "no message"))))
-    apps, status = smi("--query-compute-apps=gpu_uuid,pid")
-    if status in (0, NVML_GPU_IS_LOST):    # 15: one GPU lost, the others listed
-        counts = parse_smi_apps(apps)
-        for gpu in gpus:
-            if gpu["uuid"]:
-                gpu["procs"] = counts.get(gpu["uuid"], 0)
-    return {"driver": None, "library": path, "gpus": gpus}
-
-
-def probe_amd(run, ends_at):
-    """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
-    root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
-    doc = forked(run, lambda: amd_snapshot(root), ends_at, "AMD sysfs")
-    if not doc.get("gpus"):
-        return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
-    return doc
-
-
-def amd_snapshot(root):
-    """In the child: amdgpu's sysfs figures of every card[0-9]+ device."""
-    base = os.path.join(root, "sys/class/drm")
-
-    def read(*parts):       # never blocks: sysfs files are regular
-        try:
-            return read_small_file(os.path.join(*parts), 4096).decode("utf-8").strip()
-        except (OSError, ValueError):
-            return ""
-
-    def number(text, shift=0):
-        try:
-            return int(text, 10) >> shift if is_digits(text) else None
-        except ValueError:
-            return None
-
-    gpus = []
-    names = os.listdir(base) if os.path.isdir(base) else []
-    for card in sorted((n for n in names if re.match(r"^card\d+$", n)),
-                       key=lambda n: int(n[4:])):
-        dev = os.path.join(base, card, "device")
-        if read(dev, "vendor").lower() != "0x1002":
-            continue
-        total = number(read(dev, "mem_info_vram_total"), 20)
-        used = number(read(dev, "mem_info_vram_used"), 20)
-        hwmon = os.path.join(dev, "hwmon")
-        temps = [number(read(hwmon, h, "temp1_input")) for h in
-                 (sorted(os.listdir(hwmon)) if os.path.isdir(hwmon) else ())]
-        temps = [t // 1000 for t in temps if t is not None]
-        gpus.append(gpu_record(
-            int(card[4:]), read(dev, "unique_id") or None,
-            read(dev, "product_name") or "AMD GPU %s" % card, total=total,
-            free=max(total - used, 0) if total is not None and used is not None else None,
-            util=number(read(dev, "gpu_busy_percent")),
-            temp=temps[0] if temps else None))
-    return {"driver": read(root, "sys/module/amdgpu/version") or None,
-            "library": base, "gpus": gpus}
-
-
-#: The GPU backends, in the order --gpu-backend auto tries them.
-GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", probe_amd))
-
-
-# ---- HTTP collector: urllib, no proxy for loopback, bounded reads -----------
-
-class Client(object):
-    """Talks to one base URL; every call returns bytes or raises Fail/TimedOut."""
-
-    def __init__(self, base, api="ollama", token=None, context=None):
-        host = url_host(base)
-        if host == "":
-            base = base.replace("://:", "://127.0.0.1:", 1)
-        self.base, self.api = base, api
-        self.headers = {"User-Agent": "%s/%s" % (PROG, __version__),
-                        "Accept": "application/json",
-                        "Content-Type": "application/json"}
-        if token:
-            self.headers["Authorization"] = "Bearer " + token
-        self.opener = http_opener(context, is_loopback(host))
-
-    def call(self, method, path, budget, payload=None, about=None):
-        """The body of a 2xx answer to METHOD path, read within limits;
-        about: the model it concerns, for reasons."""
-        what = "%s %s%s" % (method, path, " for " + about if about else "")
-        from urllib.error import HTTPError
-        from urllib.request import Request
-        data = None if payload is None else json.dumps(payload).encode("ascii")
-        request = Request(self.base + path, data=data, method=method, headers=self.headers)
-        try:
-            answer = self.opener.open(request, timeout=budget)
-        except HTTPError as exc:
-            body = self._read(exc, MAX_ERROR_BODY, what, allow_short=True)
-            if 300 <= exc.code < 400:
-                raise Fail(EX_CONFIG, "%s: redirected (%d) to %s; give --host the "
-                           "final address" % (what, exc.code,
-                                               sanitise(exc.headers.get("Location"))))
-            code, reason = classify_answer(what, exc.code, body, self.api)
-            raise Fail(code, reason, status=exc.code, detail=answer_message(body)[0])
-        except Exception as exc:    # URLError, OSError, http.client errors
-            raise Fail(*classify_exception(exc, what, self.base, self.api))
-        return self._read(answer, MAX_BODY, what)
-
-    def _read(self, answer, limit, what, allow_short=False):
-        """Read at most limit bytes; a longer answer ends the stage."""
-        chunks, size = [], 0
-        try:
-            while size <= limit:    # read(limit) would allocate limit bytes
-                chunk = answer.read(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            body = b"".join(chunks)
-            missing = getattr(answer, "length", None)   # Content-Length left
-        except Exception as exc:    # OSError, http.client.IncompleteRead...
-            if allow_short:
-                return b""
-            raise Fail(*classify_exception(exc, what, self.base, self.api))
-        finally:
-            answer.close()
-        if allow_short:             # an error answer: its start is enough
-            return body[:limit]
-        if missing and len(body) <= limit:
-            raise Fail(EX_UNAVAILABLE, "%s: connection closed in mid-answer, %d "
-                       "bytes short" % (what, missing))
-        if len(body) > limit:
-            raise Fail(EX_UNAVAILABLE, "%s: answer larger than %d MiB, not what "
-                       "Ollama sends" % (what, limit // (1024 * 1024)))
-        return body[:limit]
-
-    def json(self, method, path, budget, payload=None, about=None):
-        """A 2xx answer parsed as a JSON object."""
-        body = self.call(method, path, budget, payload, about)
-        try:
-            doc = parse_json(body.decode("utf-8"))
-        except ValueError as exc:
-            raise not_json("%s %s%s" % (method, path, " for " + about if about else ""),
-                           body, exc)
-        if not isinstance(doc, dict):
-            raise Fail(EX_CONFIG, "not an %s server: %s %s did not answer a JSON "
-                       "object" % ("OpenAI-compatible" if self.api == "openai"
-                                   else "Ollama", method, path))
-        return doc
-
-
-def http_opener(context, loopback):
-    """urllib's opener for the checks: redirects reported, never followed
-    (they can leak the token to other hosts); an ASCII host resolved as bytes
-    (a str makes socket load the idna codec, 3 ms); TLS as tls_context()
-    says; no proxy for a loopback host. urllib, http.client and ssl load
-    here, so that a run that sends nothing never loads them."""
-    import http.client
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req, fp, code, msg, headers, newurl):
-            return None
-
-    class AsciiHostConnection(http.client.HTTPConnection):
-        def connect(self):
-            host = self.host
-            if isinstance(host, str) and all(ord(c) < 128 for c in host):
-                self.host = host.encode("ascii")
-            try:
-                http.client.HTTPConnection.connect(self)
-            finally:
-                self.host = host
-
-    class HTTPHandler(urllib.request.HTTPHandler):
-        def http_open(self, req):
-            return self.do_open(AsciiHostConnection, req)
-
-    handlers = [NoRedirect(), HTTPHandler()]
-    if context is not None:
-        handlers.append(urllib.request.HTTPSHandler(context=context))
-    if loopback:
-        handlers.append(urllib.request.ProxyHandler({}))
-    return urllib.request.build_opener(*handlers)
-
-
-def not_json(what, body, exc=None):
-    """The failure for an answer that does not parse, quoting its start."""
-    if exc is not None and not isinstance(exc, (json.JSONDecodeError, UnicodeError)):
-        return Fail(EX_UNAVAILABLE, "%s: not a valid answer (not JSON this reads: %s)"
-                    % (what, exc))
-    return Fail(EX_UNAVAILABLE, "%s: answer is not JSON: %s"
-                % (what, sanitise(body[:80].decode("latin-1"))))
-
-
-def model_list(doc, what):
-    """The model names of a /api/tags or /api/ps answer."""
-    models = doc.get("models")
-    if not isinstance(models, list):
-        raise Fail(EX_CONFIG, "not an Ollama server: %s has no models list" % what)
-    return [m for m in models if isinstance(m, dict) and _name(m)]
-
-
-def _name(entry):
-    """A model entry's name ("name", else "model"), or None."""
-    return next((entry[key] for key in ("name", "model")
-                 if isinstance(entry.get(key), str) and entry[key].strip()), None)
-
-
-def whole_number(doc, key, what):
-    """doc[key] when it is a count a server could mean (0 to 2**63), None
-    when absent; otherwise Fail (69) naming the field."""
-    value = doc.get(key)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)
-                         and 0 <= value < 2 ** 63):
-        return value
-    raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: %s is %s" % (
-        what, key, sanitise(repr(value)[:40]) if isinstance(value, (int, float, str))
-        else "a " + type(value).__name__))
-
-
-# ---- Stages: tags -> loaded -> warmup -> placement --------------------------
-
-class Stage(object):
-    """The stage under way: its name, start, the time its budget ends, what
-    it sends and the model it warms, if any."""
-
-    def __init__(self, name, started, ends_at, optional, what, model):
-        self.name, self.started, self.ends_at = name, started, ends_at
-        self.optional, self.what, self.model = optional, what, model
-
-
-class Run(object):
-    """One preflight: options, clock, finished stages and the verdict."""
-
-    def __init__(self, opts, started, attempt=1, lookup=None, before=None):
-        self.opts = opts
-        self.attempt = attempt      # --wait: which attempt this is
-        self.reused = None          # --share-result: the state reused, if any
-        self.problems = before.problems if before else []   # state, metrics, TLS
-        self.before = before and before.reason     # --wait: the last attempt's reason
-        self.cut = False            # ended by this caller's own --deadline
-        self.unchanged = False      # --log-changes-only: same verdict as last time
-        if opts.insecure and before is None:
-            self.problems.append("TLS certificates not verified (--insecure)")
-        self.started = started
-        self.deadline_at = started + opts.deadline
-        self.stages = []            # dicts: name, status, duration_ms, reason
-        self.current = None         # the Stage under way, if any
-        self.model = (opts.model or [None])[0]     # the first model, once chosen
-        self.models = []            # dicts, one per model checked (choose_models)
-        self.vram_pct = None        # share of the first model in VRAM after warm-up
-        self.notes = []             # facts for a ready verdict
-        self.api = opts.api         # ollama or openai (auto: once detected)
-        self.code = None            # the verdict, set once
-        self.stage = None
-        self.reason = ""
-        self.trace = None           # traceback text of an internal error
-        self.lookup = lookup        # Lookup of a UDP syslog host, if any
-        self.gpu = None             # what the GPU stage found (--json "gpu")
-        self.children = []          # GPU probes not reaped yet (pids = pgids)
-        self.wake = threading.Event()   # set when a stage starts or ends
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def step(self, name, timeout=None, optional=False, what=None, model=None):
-        """Run a stage; its budget is min(timeout or --timeout, time left).
-        what: the request, when not STAGE_WHAT's; model: the one it warms."""
-        now = time.monotonic()
-        left = self.deadline_at - now
-        what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
-        if left <= 0:
-            self.cut = True
-            raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
-                       % (self.opts.deadline, what), name)
-        budget = min(timeout or self.opts.timeout, left)
-        stage = Stage(name, now, now + budget, optional, what, model)
-        self.current = stage
-        self.wake.set()
-        try:
-            yield budget
-        except TimedOut:
-            reason = self.timeout_reason(stage)
-            self._record(stage, "unknown" if optional else "fail", reason)
-            raise Fail(EX_TEMPFAIL, reason, name)
-        except Fail as exc:
-            self._record(stage, "unknown" if optional else "fail", exc.reason)
-            exc.stage = exc.stage or name
-            if model is not None and not optional:
-                model["reason"] = exc.reason
-            raise
-        except Interrupted as exc:  # in the main thread: the GPU stage
-            self._record(stage, "fail", "interrupted")
-            exc.stage = stage
-            raise
-        else:
-            self._record(stage, "ok", "")
-        finally:
-            if self.current is stage:
-                self.current = None
-            self.wake.set()
-
-    def _record(self, stage, status, reason, code=None):
-        """Record a finished stage, and with code the verdict, unless decided."""
-        with self._lock:
-            if self.code is not None:
-                return
-            ms = (time.monotonic() - stage.started) * 1000.0
-            self.stages.append({"name": stage.name, "status": status,
-                                "duration_ms": round(ms, 1), "reason": reason})
-            if stage.model:
-                self.stages[-1]["model"] = stage.model["name"]
-            if code is not None:
-                self.code, self.stage, self.reason = code, stage.name, reason
-                self.wake.set()
-
-    def decide(self, code, stage, reason):
-        """Set the verdict unless one is set already."""
-        with self._lock:
-            if self.code is None:
-                self.code, self.stage, self.reason = code, stage, reason
-                self.wake.set()
-
-    def interrupt(self, signum, stage):
-        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut, if
-        any), which replaces any other: also an attempt's that --wait was
-        pausing to retry."""
-        with self._lock:
-            if stage:
-                where = " during " + stage.what
-            elif self.code is not None:
-                where = " while waiting to retry (%s)" % self.reason
-            else:
-                where = ""
-            self.code, self.stage = 128 + signum, stage and stage.name
-            self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
-            self.wake.set()
-
-    def job_failed(self, code, why):
-        """After a ready verdict, the job did not start: that is the verdict,
-        and news however often the check was ready before."""
-        with self._lock:
-            self.code, self.stage, self.reason, self.notes = code, "command", why, []
-            self.unchanged = False
-
-    def timeout_reason(self, stage):
-        """Why a stage ran out of time, with the cold-model fix when it applies."""
-        budget = stage.ends_at - stage.started
-        if budget < self.opts.timeout - 1e-3:
-            self.cut = True
-            text = "deadline of %gs reached during %s" % (self.opts.deadline, stage.what)
-            if self.before:
-                text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
-                                                          self.before)
-        else:
-            text = "%s timed out after %gs" % (stage.what, self.opts.timeout)
-        if stage.name == "warmup" and stage.model["was_loaded"] is False:
-            text += ("; model %s was not loaded, and Ollama aborts a load when the "
-                     "client gives up, so it cannot warm in time: give the warm-up "
-                     "longer (--timeout 120 --deadline 150) or keep the model "
-                     "loaded on the server (OLLAMA_KEEP_ALIVE=-1 or --keep-alive 1h)"
-                     % stage.model["name"])
-        return text
-
-    @contextlib.contextmanager
-    def timing(self, model):
-        """Time every warm-up request of one model (its warmup_ms)."""
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            model["warmup_ms"] = round((time.monotonic() - started) * 1000.0, 1)
-
-    def expire(self, stage):
-        """The watchdog's verdict on a stage that overran its budget."""
-        self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
-
-
-def check_gpu(run):
-    """Stage gpu: the backends in turn until one answers, then the verdict on
-    the GPUs the job will use. Raises Fail; runs in the main thread, first."""
-    opts = run.opts
-    with run.step("gpu", opts.gpu_timeout) as budget:
-        name, doc = first_backend(run, time.monotonic() + budget)
-        run.gpu = dict(doc, backend=name, need=opts.gpu_need)
-        gpus = doc["gpus"]
-        if not gpus:
-            raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
-        selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
-        for gpu in gpus:
-            gpu["selected"] = gpu in selected
-        run.notes.extend(notes)
-        if unmatched:               # a lost GPU without a UUID may be the one
-            lost = [g for g in gpus if g["error"] and not g["uuid"] and (
-                g["index"] is None or not all(is_digits(w) for w in unmatched))]
-            raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
-                       "%s (found %s)%s" % (
-                           ",".join(unmatched), "--gpu-id" if opts.gpu_id else
-                           "CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES",
-                           ", ".join(gpu_label(g) for g in gpus),
-                           "; %s: %s" % (gpu_label(lost[0]), lost[0]["error"])
-                           if lost else ""))
-        if not selected:
-            raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
-        code, reason, notes = judge_gpus(selected, opts)
-        run.notes.extend(notes)
-        if code:
-            raise Fail(code, reason)
-
-
-def first_backend(run, ends_at):
-    """(name, snapshot) of the first GPU backend that answers. Under
-    --gpu-backend auto a failing NVIDIA backend moves on to AMD only when no
-    NVIDIA GPU is on the host (NVIDIA's userspace on an AMD host), never past
-    a dead NVIDIA driver to an AMD integrated GPU."""
-    auto = run.opts.gpu_backend == "auto"
-    absent, failure = [], None
-    for name, probe in GPU_PROBES:
-        if not auto and run.opts.gpu_backend != name:
-            continue
-        if auto and name == "amd-sysfs" and nvidia_present():
-            raise failure or Fail(EX_UNAVAILABLE, "an NVIDIA GPU is present but "
-                                  "neither NVML nor nvidia-smi answered: %s"
-                                  % "; ".join(absent))
-        try:
-            doc = probe(run, ends_at)
-        except Fail as exc:
-            if not auto or exc.code != EX_UNAVAILABLE:
-                raise
-            failure = failure or exc
-            continue
-        if isinstance(doc, dict):
-            return name, doc
-        absent.append(doc)
-    raise failure or Fail(EX_UNAVAILABLE, "no GPU driver found: %s" % "; ".join(absent))
-
-
-def nvidia_present():
-    """Whether the host has an NVIDIA GPU: a PCI display controller of vendor
-    0x10de, or a /dev/nvidiaN node (both under GPU_PREFLIGHT_ROOT)."""
-    root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
-    devices = os.path.join(root, "sys/bus/pci/devices")
-    for device in os.listdir(devices) if os.path.isdir(devices) else ():
-        try:
-            ids = [read_small_file(os.path.join(devices, device, name), 64).strip()
-                   for name in ("vendor", "class")]
-        except (OSError, ValueError):
-            continue
-        if ids[0] == b"0x10de" and ids[1].startswith(b"0x03"):
-            return True
-    dev = os.path.join(root, "dev")
-    return any(re.match(r"^nvidia\d+$", n) for n in
-               (os.listdir(dev) if os.path.isdir(dev) else ()))
-
-
-def check_service(run, client):
-    """Ollama's stages, in order; returns the ready reason or raises Fail."""
-    opts = run.opts
-    with run.step("tags") as budget:
-        listed = model_list(client.json("GET", "/api/tags", budget), "/api/tags")
-        if not listed and not opts.model:
-            raise Fail(EX_CONFIG, "the server has no models: pull one "
-                       "(ollama pull NAME) and name it with --model")
-        if opts.model:
-            choose_models(run, listed, opts.model, "present on the server", "it has")
-    if opts.warmup != "off" or not opts.model:
-        running = None
-        try:
-            with run.step("loaded", optional=True) as budget:
-                running = running_models(run, client, budget)
-        except Fail as exc:
-            run.notes.append("loaded models unknown (%s)" % exc.reason)
-        if not opts.model:          # one already loaded, else the first listed
-            loaded = [find_model(_name(m), [_name(e) for e in listed]) for m in running or ()]
-            choose_models(run, listed, [n for n in loaded if n][:1] or [_name(listed[0])])
-        for model in run.models:
-            model["was_loaded"] = None if running is None else bool(entries_of(model, running))
-    if opts.require or opts.warmup != "off":
-        ollama_kinds(run, client)
-        check_requirements(run)
-    if opts.warmup == "off":
-        return "service up, %s present (warm-up off)" % model_names(run)
-    for model in run.models:    # one after another: a load can take the GPU
-        with run.timing(model):
-            if model["kind"] != "embed" and ollama_generate(run, client, model):
-                model["kind"] = "generate"
-            else:
-                model["kind"] = "embed"
-                ollama_embed(run, client, model)
-    check_requirements(run, observed=True)
-    if not opts.allow_cpu or len(run.models) > 1:   # a reload may land elsewhere
-        with run.step("placement") as budget:
-            running = running_models(run, client, budget)
-            if running is None:
-                run.notes.append("GPU placement not verified")
-            else:
-                check_placement(run, running)
-    return answered(run)
-
-
-def choose_models(run, listed, wanted, where=None, listing=None):
-    """run.models: the entries of listed (the server's model list) that mean
-    the names wanted, in that order; Fail (78) naming every one missing."""
-    names = [_name(e) for e in listed]
-    found = [find_model(w, names) for w in wanted]
-    missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
-    if missing:
-        raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
-            "s" if len(missing) > 1 else "", ", ".join(missing),
-            "are not" if len(missing) > 1 else "is not", where,
-            " (ollama pull %s)" % " / ".join(missing) if run.api == "ollama" else "",
-            listing, sanitise(", ".join(names[:10]) or "no models")))
-    run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
-                       resident=None, size_vram=None, size=None, was_loaded=None, reason="",
-                       entry=listed[names.index(n)]) for n in found]
-    run.model = found[0]
-
-
-def find_model(wanted, names):
-    """The listed name that means model `wanted` (the exact one first, then
-    as Ollama compares names), or None."""
-    found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
-    return found[0] if found else None
-
-
-def entries_of(model, running):
-    """The /api/ps entries that are this model: by name, or by the digest
-    /api/tags gave it (two tags of one blob share one runner, listed once)."""
-    digest = model["entry"].get("digest")
-    return [m for m in running if same_model(_name(m), model["name"]) or (
-        isinstance(digest, str) and digest and m.get("digest") == digest)]
-
-
-def model_names(run):
-    return ", ".join(m["name"] for m in run.models)
-
-
-def answered(run):
-    """The ready reason: what each model answered."""
-    said = ["%s %s" % (m["name"], "a vector" if m["kind"] == "embed" else "the load"
-                       if run.opts.warmup == "load" else "a token") for m in run.models]
-    if len(said) == 1:
-        return said[0].replace(" ", " answered ", 1)
-    return "%d models answered: %s" % (len(said), ", ".join(said))
-
-
-def ollama_kinds(run, client):
-    """Each model's kind and capabilities before anything is sent to it:
-    from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
-    servers say nothing, and a generative warm-up's refusal tells."""
-    for model in run.models:
-        caps = capabilities(model["entry"], "GET /api/tags")
-        if caps is None and "capabilities" not in model["entry"]:
-            try:
-                with run.step("show", optional=True, model=model) as budget:
-                    caps = capabilities(client.json("POST", "/api/show", budget, {
-                        "model": model["name"], "name": model["name"]},
-                        about=model["name"]), "POST /api/show")
-            except Fail as exc:     # a --require on this model cannot be judged
-                model["unreadable"] = exc
-                run.notes.append("capabilities of %s unknown (%s)" % (model["name"],
-                                                                      exc.reason))
-        if caps is not None:        # "embedding" alone: an embedding model
-            model["capabilities"] = caps
-            model["kind"] = "generate" if "completion" in caps or \
-                "embedding" not in caps else "embed"
-
-
-def capabilities(doc, what):
-    """The capability names a server declares in doc, or None (not said)."""
-    caps = doc.get("capabilities")
-    if caps is None:
-        return None
-    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
-        raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: capabilities is not a list "
-                   "of names" % what)
-    return caps
-
-
-def check_requirements(run, observed=False):
-    """--require: the capabilities the job's models must declare (CAP for
-    every generative model, MODEL=CAP for one). Fail (78) naming what is
-    lacking; a server that declares none gets a problem note instead.
-    observed: after the warm-ups, hold "completion" and "embedding" to the
-    kind each model showed (the only word on it from OpenAI servers)."""
-    require = run.opts.require
-    strays = [t for t, _ in require if t and not any(
-        same_model(t, m["name"]) for m in run.models)]
-    if strays:
-        raise Fail(EX_CONFIG, "--require names %s, which is not a model this check warms "
-                   "(--model)" % ", ".join(sanitise(t) for t in strays))
-    if any(not t for t, _ in require) and all(m["kind"] == "embed" for m in run.models):
-        raise Fail(EX_CONFIG, "--require %s asks the generative models, and none of %s "
-                   "is one" % (",".join(c for t, cs in require if not t for c in cs),
-                               model_names(run)))
-    lacking, unknown = [], []
-    for model in run.models:
-        wanted = sorted(set(cap for target, caps in require for cap in caps
-                            if (same_model(target, model["name"]) if target
-                                else model["kind"] != "embed")))
-        have = model["capabilities"]
-        if observed:
-            have = ["completion" if model["kind"] == "generate" else "embedding"]
-            wanted = [c for c in wanted if c in ("completion", "embedding")]
-        elif wanted and have is None and "unreadable" in model:
-            raise Fail(model["unreadable"].code, "the capabilities of %s could not be "
-                       "read, so --require cannot be checked: %s" % (
-                           model["name"], model["unreadable"].reason))
-        elif wanted and have is None:
-            unknown.append(model["name"])
-            continue
-        missing = [c for c in wanted if c not in have]
-        if missing and observed:
-            lacking.append("%s answered as a model of %s, not %s" % (
-                model["name"], have[0], ", ".join(missing)))
-        elif missing:
-            lacking.append("%s lacks %s (it declares %s)" % (
-                model["name"], ", ".join(missing), ", ".join(have) or "none"))
-    if lacking:
-        raise Fail(EX_CONFIG, "the job's --require is not met: %s; use a model that "
-                   "declares it" % "; ".join(sanitise(l) for l in lacking))
-    if unknown and not observed:
-        run.problems.append("capabilities not checked: the server declares none for %s "
-                            "(Ollama before 0.6.4, or an OpenAI-compatible server)"
-                            % ", ".join(sanitise(n) for n in unknown))
-
-
-#: An Ollama answer meaning "an embedding model, it cannot generate" (all
-#: releases: 'embedding models do not support generate', 'M does not support
-#: generate', '"M" does not support generate').
-_EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not support)"
-
-
-def ollama_generate(run, client, model):
-    """Warm a model with POST /api/generate: one token (or only the load).
-    Returns False when the server says it is an embedding model, whose kind
-    was not known before."""
-    opts = run.opts
-    payload = {"model": model["name"], "stream": False,
-               "prompt": WARMUP_PROMPT if opts.warmup == "token" else "",
-               "options": dict(opts.ollama_option, num_predict=1)}
-    if opts.keep_alive is not None:
-        payload["keep_alive"] = opts.keep_alive
-    what = "POST /api/generate for %s" % model["name"]
-    with run.step("warmup", model=model) as budget:
-        try:
-            answer = client.call("POST", "/api/generate", budget, payload, model["name"])
-        except Fail as exc:
-            if model["kind"] is None and re.search(_EMBEDDING_REFUSAL, exc.detail or ""):
-                return False
-            raise
-        try:
-            final, error = parse_generate(answer)
-        except ValueError as exc:
-            raise not_json(what, answer, exc)
-        if error is not None:
-            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                       % (what, sanitise(error)))
-        if final.get("done") is not True:
-            raise Fail(EX_UNAVAILABLE, "%s: answer ended before done (the model "
-                       "stopped mid-answer)" % what)
-        if final.get("done_reason") == "unload":
-            raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
-                       "model: nothing was loaded or run")
-        load_ns = whole_number(final, "load_duration", what)
-        if load_ns and load_ns > 1e9:
-            run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
-    return True
-
-
-def ollama_embed(run, client, model):
-    """Warm an embedding model with POST /api/embed (input "test": an empty
-    input loads any model and proves nothing), or, on servers before 0.2.6,
-    POST /api/embeddings; ready only with a vector."""
-    opts = run.opts
-    payload = {"model": model["name"], "input": WARMUP_PROMPT}
-    if opts.ollama_option:
-        payload["options"] = dict(opts.ollama_option)
-    if opts.keep_alive is not None:
-        payload["keep_alive"] = opts.keep_alive
-    with run.step("warmup", what="POST /api/embed", model=model) as budget:
-        try:
-            doc = client.json("POST", "/api/embed", budget, payload, model["name"])
-        except Fail as exc:
-            if exc.status != 404:   # no such route: Ollama before 0.2.6
-                raise
-            doc = None
-        if doc is not None:
-            vectors = doc.get("embeddings")
-            return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
-                               else None, "POST /api/embed for " + model["name"],
-                               "embeddings[0]")
-    del payload["input"]
-    payload["prompt"] = WARMUP_PROMPT
-    with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
-        doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
-        need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model["name"],
-                    "embedding")
-
-
-def need_vector(doc, vector, what, field):
-    """Fail unless vector is a non-empty list of numbers (or of such lists:
-    per-token vectors); an error in a 200 answer is the model's error."""
-    error = answer_error(doc)
-    if error is not None:
-        raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                   % (what, sanitise(error)))
-    rows = vector if isinstance(vector, list) and vector and all(
-        isinstance(v, list) for v in vector) else [vector]
-    if not all(isinstance(r, list) and r and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in r)
-               for r in rows):
-        raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: %s is not a non-empty list "
-                   "of numbers (the model did not embed)" % (what, field))
-
-
-def answer_error(doc):
-    """The error text inside a 200 answer ({"error": ...}, or vLLM's
-    {"object": "error", "message": ...}), or None."""
-    if doc.get("error") is not None:
-        return error_text(doc["error"])
-    if doc.get("object") == "error":
-        return error_text(doc)
-    return None
-
-
-def running_models(run, client, budget):
-    """The /api/ps entries, or None from a server without /api/ps."""
-    try:
-        return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
-    except Fail as exc:
-        if exc.status != 404:
-            raise
-        note = "server has no /api/ps (Ollama before 0.1.38?)"
-        if note not in run.notes:
-            run.notes.append(note)
-        return None
-
-
-def check_placement(run, running):
-    """After every warm-up, one GET /api/ps: every model resident (one that
-    is not was unloaded when a later one loaded) and in VRAM (size_vram 0 is
-    Ollama's silent CPU fallback)."""
-    for model in run.models:
-        entries = entries_of(model, running)
-        model["resident"] = bool(entries)
-        if entries:
-            size, vram = (whole_number(entries[0], key, "GET /api/ps")
-                          for key in ("size", "size_vram"))
-            model["size_vram"], model["size"] = vram, size
-    gone = [m for m in run.models if not m["resident"]]
-    if gone and len(gone) == len(run.models):
-        run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
-                         "GPU placement not verified" % ("model" if len(gone) == 1
-                                                         else model_names(run)))
-        return
-    unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
-             "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
-    for model in run.models:
-        size, vram = model["size"], model["size_vram"]
-        if not size or vram is None:
-            run.notes.append("GPU placement of %s not reported by the server"
-                             % model["name"])
-            continue
-        pct = min(100, int(round(100.0 * vram / size)))
-        run.vram_pct = pct if run.vram_pct is None else run.vram_pct
-        if vram == 0 and not run.opts.allow_cpu:
-            model["reason"] = "runs on the CPU"
-            raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
-                       "lost the GPU (driver not ready, suspend/resume); restart "
-                       "ollama, or pass --allow-cpu to accept it" % model["name"])
-        if 0 < vram < size:
-            run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
-
-
-def unloaded(run, gone, causes):
-    """Fail (75) for models a later one's load pushed out: they do not fit
-    together, and a job using them all would reload one on every call."""
-    for model in gone:
-        model["reason"] = "unloaded when a later model loaded"
-    if gone:
-        raise Fail(EX_TEMPFAIL, "%s %s unloaded when a later model loaded: the models "
-                   "do not fit together (%s, or run these jobs apart)" % (
-                       ", ".join(m["name"] for m in gone),
-                       "was" if len(gone) == 1 else "were", causes))
-
-
-def check_inference(run):
-    """The HTTP stages of the API in use (--api); returns the ready reason."""
-    opts = run.opts
-    client = Client(opts.host, opts.api, opts.token, opts.tls_context)
-    if opts.api == "auto":
-        run.api = client.api = check_api(run, client)
-    if run.api == "openai":
-        return check_openai(run, client)
-    return check_service(run, client)
-
-
-def check_api(run, client):
-    """Stage api (--api auto): Ollama answers GET /api/version, vLLM and
-    llama-server do not. Returns "ollama" or "openai"."""
-    with run.step("api") as budget:
-        try:
-            doc = client.json("GET", "/api/version", budget)
-        except Fail as exc:
-            if exc.status is None:
-                raise
-            return "openai"
-        return "ollama" if isinstance(doc.get("version"), str) else "openai"
-
-
-def check_openai(run, client):
-    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's
-    /v1): health -> models -> each model proven. Returns the ready reason."""
-    with run.step("health") as budget:
-        try:
-            client.call("GET", "/health", budget)
-        except Fail as exc:
-            if exc.status != 404:   # Ollama's /v1 and some proxies have no /health
-                raise
-            run.notes.append("server has no /health")
-    with run.step("models") as budget:
-        served = served_models(client.json("GET", "/v1/models", budget))
-        if not served:
-            raise Fail(EX_CONFIG, "the server serves no models (GET /v1/models)")
-        choose_models(run, served, run.opts.model or [_name(served[0])], "served here",
-                      "it serves")
-    check_requirements(run)         # these servers declare no capabilities
-    if run.opts.warmup == "off":
-        return "service up, %s served (warm-up off)" % model_names(run)
-    for model in run.models:
-        with run.timing(model):
-            prove_openai(run, client, model)
-    check_requirements(run, observed=True)
-    if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
-                                   for m in run.models):
-        with run.step("placement", what="GET /v1/models") as budget:
-            now = served_models(client.json("GET", "/v1/models", budget))
-            unloaded(run, [m for m in run.models if not any(
-                _name(e) == m["name"] and (e.get("status") or {}).get("value") == "loaded"
-                for e in now)], "llama-server's --models-max too low: raise it")
-    return answered(run)
-
-
-def served_models(doc):
-    """The model entries of a /v1/models answer (vLLM's and llama-server's
-    shapes), each with its id as "name"; the router's carry a status."""
-    data = doc.get("data", doc.get("models"))
-    if data is not None and not isinstance(data, list):
-        raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
-                   "has no data list")
-    entries = [dict(m, name=m["id"] if isinstance(m.get("id"), str) and m["id"].strip()
-                    else _name(m)) for m in data or () if isinstance(m, dict)]
-    return [e for e in entries if e["name"]]
-
-
-#: How a model is proven on an OpenAI-compatible server: stage, path, body.
-OPENAI_ASKS = {
-    "completion": ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 1,
-                                       "stream": False}),
-    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content":
-                                                    WARMUP_PROMPT}], "max_tokens": 1}),
-    "embedding": ("/v1/embeddings", {"input": WARMUP_PROMPT}),
-}
-
-#: What servers answer a request of the wrong kind for the model (generation
-#: to an embedding model), which differs by server and version: the text
-#: tells, not the status.
-_WRONG_KIND = r"(?i)does not support (completions|chat|generate)|(Chat )?Completions API"
-
-
-def prove_openai(run, client, model):
-    """One token from a generative model: a completion, or a chat completion
-    where the server has no /v1/completions (404, 405: gateways, chat-only
-    servers); one vector from an embedding model, which a refusal of the
-    generation requests, or their absence (vLLM's task-gated routes), tells."""
-    outcome = ask_openai(run, client, model, "completion")
-    if outcome == "no route":
-        outcome = ask_openai(run, client, model, "chat")
-    if outcome != "done":
-        ask_openai(run, client, model, "embedding")
-
-
-def ask_openai(run, client, model, stage):
-    """One request of prove_openai(): "done", "no route" (404 or 405: the
-    server does not offer it) or "wrong kind" (generation sent to an
-    embedding model); Fail for anything else."""
-    path, body = OPENAI_ASKS[stage]
-    what = "POST %s for %s" % (path, model["name"])
-    with run.step(stage, model=model) as budget:
-        try:
-            doc = client.json("POST", path, budget, dict(body, model=model["name"]),
-                              about=model["name"])
-        except Fail as exc:
-            if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
-                return "wrong kind"
-            if stage != "embedding" and exc.status in (404, 405):
-                return "no route"
-            if stage == "embedding" and exc.status in (404, 405, 501) or \
-                    re.search(r"(?i)support embeddings|embedding=True", exc.detail or ""):
-                raise Fail(EX_CONFIG, "%s: the server neither completes nor embeds with "
-                           "this model (%s)" % (what, sanitise(exc.detail or exc.status)))
-            raise
-        error = answer_error(doc)       # vLLM answered some errors with a 200
-        if stage == "embedding":
-            data = doc.get("data")
-            first = data[0] if isinstance(data, list) and data else None
-            need_vector(doc, first.get("embedding") if isinstance(first, dict) else None,
-                        what, "data[0].embedding")
-        elif error is not None and re.search(_WRONG_KIND, error):
-            return "wrong kind"
-        elif error is not None:
-            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                       % (what, sanitise(error)))
-        elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
-            raise Fail(EX_UNAVAILABLE, "%s: answered without a completion (no choices)"
-                       % what)
-    model["kind"] = "embed" if stage == "embedding" else "generate"
-    return "done"
-
-
-# ---- Supervision: worker thread, stage watchdog, hard deadline, signals -----
-
-def supervise(run, work):
-    """Run work(run) in a thread and return when it ends or a limit is hit.
-
-    A socket timeout does not bound a trickling answer or a stalled DNS
-    lookup, so the watchdog here does: the worker thread is abandoned (it is
-    a daemon) when its stage's budget or the deadline runs out.
-    """
-    def target():
-        try:
-            reason = work(run)
-            run.decide(EX_OK, None, reason)
-        except Fail as exc:
-            run.decide(exc.code, exc.stage, exc.reason)
-        except Exception as exc:
-            run.trace = _traceback()
-            run.decide(EX_SOFTWARE, run.current and run.current.name,
-                       "internal error: %s: %s" % (type(exc).__name__, sanitise(exc)))
-
-    worker = threading.Thread(target=target, name="gpu_preflight-check")
-    worker.daemon = True
-    worker.start()
-    while run.code is None:
-        run.wake.clear()
-        stage = run.current
-        if stage is None:
-            limit = run.deadline_at
-        else:
-            grace = OPTIONAL_GRACE if stage.optional else STAGE_GRACE
-            limit = min(stage.ends_at + grace, run.deadline_at)
-        left = limit - time.monotonic()
-        if left > 0:
-            run.wake.wait(left)
-        elif stage is not None and run.current is stage:
-            run.expire(stage)
-        elif time.monotonic() >= run.deadline_at:
-            run.cut = True
-            run.decide(EX_TEMPFAIL, None, "deadline of %gs reached between stages"
-                       % run.opts.deadline)
-    return run.code
-
-
-def _traceback():
-    """The current exception's traceback (imported late: it costs 2 ms)."""
-    import traceback
-    return traceback.format_exc()
-
-
-def _raise_interrupt(signum, frame):
-    _set_signals(signal.SIG_IGN)    # a second signal must not cut the report
-    raise Interrupted(signum)
-
-
-def _set_signals(handler):
-    """Install handler for SIGINT/SIGTERM; return the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return dict((s, signal.signal(s, handler)) for s in (signal.SIGINT, signal.SIGTERM))
-
-
-def process_started():
-    """monotonic() at the time this process started (Linux /proc), or now."""
-    now = time.monotonic()
-    try:
-        with open("/proc/self/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime") as handle:
-            uptime = float(handle.read().split()[0])
-        age = uptime - int(fields[19]) / float(os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return now
-    return now - min(max(age, 0.0), 5.0)
-
-
-# ---- Living under cron: attempts, lock, shared verdict, metrics, the job ----
-
-def check_until_ready(run, shared):
-    """The checks, reusing a shared verdict when there is one, retried with
-    backoff under --wait; returns the Run that holds the final verdict."""
-    opts = run.opts
-    share = shared is not None and opts.share_result
-    try:
-        state = shared.reusable(None) if share else None
-        if state is None and opts.jitter:
-            time.sleep(max(0.0, min(opts.jitter * _random(), run.deadline_at
-                                    - time.monotonic() - opts.timeout)))
-        if state is None and share:
-            state = shared.fly(run)     # wait for a check in flight, then look again
-        if state is not None:
-            run.reused = state
-            run.decide(state["code"], state.get("stage"), "reused verdict of pid %s, "
-                       "%.1fs old: %s" % (state.get("pid"), time.time() - state["time"],
-                                          state.get("reason", "")))
-            run.model = state.get("model") or run.model
-            if state["code"] == EX_OK or retry_time(run) <= 0:
-                return run
-            run = Run(opts, run.started, attempt=1, lookup=run.lookup, before=run)
-        pause = WAIT_FIRST
-        while True:
-            try:
-                if opts.gpu:
-                    check_gpu(run)      # forks: first, while few threads exist
-                start_lookup(run)
-                if run.code is None:
-                    supervise(run, check_inference)
-            except Fail as exc:
-                run.decide(exc.code, exc.stage, exc.reason)
-            left = retry_time(run)
-            if run.code not in (EX_UNAVAILABLE, EX_TEMPFAIL) or left <= 0:
-                return run
-            time.sleep(min(left, pause * (0.75 + 0.5 * _random())))
-            pause = min(pause * 2, WAIT_MOST)
-            kill_probes(run)
-            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup,
-                      before=run)
-    except Interrupted as exc:
-        exc.run = run
-        raise
-
-
-def retry_time(run):
-    """How long --wait may still pause before another attempt. Attempts go
-    on while time remains: the last gets what is left before the deadline
-    (its stages are cut there), and none is made with under MIN_ATTEMPT."""
-    opts = run.opts
-    return min(run.started + (opts.wait or 0) - time.monotonic(),
-               run.deadline_at - time.monotonic() - MIN_ATTEMPT)
-
-
-def _random():
-    """A number in [0, 1) without importing random (it costs 2 ms)."""
-    return int.from_bytes(os.urandom(4), "big") / 2.0 ** 32
-
-
-
-def find_command(name, environ):
-    """(path, None) of an executable COMMAND, or (None, (126|127, message))."""
-    dirs = environ.get("PATH", os.defpath).split(os.pathsep)
-    paths = [name] if "/" in name else [os.path.join(d or ".", name) for d in dirs]
-    found = [p for p in paths if os.path.exists(p)]
-    for path in found:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path, None
-    if found:
-        return None, (EX_NOEXEC, "%s: permission denied (not an executable file)"
-                      % sanitise(found[0]))
-    return None, (EX_NOTFOUND, "%s: command not found" % sanitise(name))
+        os.close(fd)
+    if size > limit:
+        raise ValueError("larger than %d KiB" % (limit // 1024))
+    return b"".join(chunks)
 
 
 def open_no_follow(path, mode=0o644):
@@ -2777,114 +3372,6 @@ def open_no_follow(path, mode=0o644):
         os.close(fd)
         raise OSError(0, "not a regular file")
     return fd
-
-
-def take_lock(path):
-    """An exclusive flock on path, held as long as the descriptor lives.
-
-    Raises Fail: 75 when another holds it, 78 when path cannot be a lock.
-    The file is never deleted: deleting a flock file races with its takers.
-    """
-    import fcntl
-    try:
-        fd = open_no_follow(path, 0o600)    # flock needs only a read: others
-    except OSError as exc:                  # must not open it at all
-        why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
-        raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
-    info = os.fstat(fd)
-    if info.st_uid not in (0, os.geteuid()):    # its owner could hold it forever
-        os.close(fd)
-        raise Fail(EX_CONFIG, "lock file %s is owned by %s, who could hold it and "
-                   "skip every run: put the lock in a directory only root can write, "
-                   "such as /run" % (sanitise(path), user_name(info.st_uid)), "lock")
-    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
-        os.fchmod(fd, 0o600)                # an older version's 0644 lock
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
-    except OSError:
-        os.close(fd)
-        raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
-    return fd
-
-
-def user_name(uid, bare=False):
-    """'uid 65534 (nobody)' for messages about who owns a file; bare:
-    'nobody', as chown takes it."""
-    import pwd
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid) if bare else "uid %d" % uid
-    return name if bare else "uid %d (%s)" % (uid, name)
-
-
-def state_dir(opts, environ):
-    """The directory of shared state, made if missing and checked to be the
-    user's own (so nobody else can plant a verdict); raises OSError."""
-    if opts.state_dir:
-        path = opts.state_dir
-    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
-            _owner(environ["XDG_RUNTIME_DIR"]) == os.geteuid():  # not su's leftover
-        path = os.path.join(environ["XDG_RUNTIME_DIR"], STATE_SUBDIR)
-    elif os.geteuid() == 0:
-        path = ROOT_STATE_DIR
-    else:
-        path = "/tmp/%s-%d" % (STATE_SUBDIR, os.geteuid())
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
-            or info.st_mode & 0o022:
-        raise OSError(0, "%s is not a directory of this user's that only it can "
-                      "write" % path)
-    problem = untrusted(path)       # nor may anyone swap a directory above it
-    if problem:
-        raise OSError(0, problem)
-    return path
-
-
-def _owner(path):
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return None
-
-
-def state_key(opts, environ):
-    """The file name of a check's state: readable, plus a checksum of all that
-    defines the check (options, the GPUs the environment selects, the API,
-    the token's digest, TLS settings)."""
-    import zlib
-    token = None
-    if opts.token:              # hashlib only then: importing it costs 2 ms
-        import hashlib
-        token = hashlib.sha256(opts.token.encode("ascii")).hexdigest()
-    check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
-                        for o in each_option() if o[2] == CHECK] + [
-        environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-                                     ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
-    name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, ",".join(opts.model)))
-    return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
-
-
-def read_state(path):
-    """The state saved at path, or {} when there is none or it is not what
-    this script writes (wrong types count as none)."""
-    try:
-        doc = parse_json(read_small_file(path, MAX_CONFIG).decode("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict):
-        return {}
-    for key, kinds in (("time", (int, float)), ("code", int), ("skips", int),
-                       ("logged", int), ("logged_at", (int, float))):
-        value = doc.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)
-                                  or not -1e12 < value < 1e12):
-            return {}
-    return doc
 
 
 def write_atomic(path, data, mode):
@@ -2919,531 +3406,58 @@ def write_atomic(path, data, mode):
         os.close(dfd)
 
 
-class Shared(object):
-    """--share-result, --log-changes-only and the skip count: one state file
-    per check in the state directory, and a flight lock beside it.
-
-    The state holds the last check's verdict (time, code, stage, reason,
-    model, pid: what --share-result reuses), the checks in a row that were
-    not ready (skips), and the code last written to syslog (logged).
-    """
-
-    def __init__(self, opts, environ):
-        self.opts = opts
-        directory = state_dir(opts, environ)
-        self.base = os.path.join(directory, state_key(opts, environ))
-        self.errors = os.path.join(directory, "errors.json")    # of any check
-        self.previous = read_state(self.base + ".json")
-        self.flight = None          # descriptor holding the flight lock
-
-    def reusable(self, since):
-        """A verdict to reuse: ready and younger than --share-result, or
-        (since given) any check's verdict written after since."""
-        state = self.previous
-        if "code" not in state or "time" not in state:     # types: read_state
-            return None
-        age = time.time() - state["time"]
-        if state["code"] == EX_OK and 0 <= age < self.opts.share_result:
-            return state
-        if since is not None and state["time"] >= since and not state.get("cut"):
-            return state            # (a check its own --deadline cut proves nothing)
+def _owner(path):
+    try:
+        return os.lstat(path).st_uid
+    except OSError:
         return None
 
-    def fly(self, run):
-        """Take the flight lock, waiting (to the deadline) while another
-        caller checks, then look at the state again: returns a verdict to
-        reuse, or None when this caller is to check."""
-        import fcntl
-        try:
-            fd = open_no_follow(self.base + ".lock", 0o600)
-        except OSError as exc:      # checked alone, as without --share-result
-            run.problems.append("verdict not shared: %s.lock: %s" % (
-                self.base, exc.strerror or exc))
-            return None
-        since, waited = time.time(), False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
-                break
-            except OSError:
-                if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
-                    os.close(fd)
-                    raise Fail(EX_TEMPFAIL, "deadline of %gs reached waiting for "
-                               "another caller's check" % run.opts.deadline, "shared")
-                waited = True
-                time.sleep(FLIGHT_POLL)
-        self.flight = fd
-        self.previous = read_state(self.base + ".json")
-        return self.reusable(since if waited else None)
 
-    def unchanged(self, run):
-        """Whether this verdict repeats the last one logged (--log-changes-
-        only). Verdicts that say nothing of the service (a lock held, a bad
-        configuration) are compared only with each other, and never move the
-        service's; the first verdict after a configuration error is news."""
-        before = self.previous
-        if run.stage in NOT_A_CHECK:
-            return before.get("aside") == [run.code, run.stage]
-        error = read_state(self.errors)     # kept apart: a bad file changes the key
-        return (before.get("logged") == run.code
-                and error.get("time", 0) <= before.get("logged_at", 0))
+# ---- Errors and small utilities ---------------------------------------------
 
-    def save(self, run):
-        """Record this run (a check's verdict, the skip count, what was
-        logged) and release the flight lock; returns the skip count."""
-        state = dict(self.previous)
-        checked = run.reused is None and run.stage not in NOT_A_CHECK \
-            and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
-        if checked:
-            state.update(time=time.time(), code=run.code, stage=run.stage, cut=run.cut,
-                         reason=redact(run.reason), model=redact(run.model or ""),
-                         pid=os.getpid(),
-                         skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
-        aside = run.stage in NOT_A_CHECK
-        if aside and not run.unchanged:
-            state["aside"] = [run.code, run.stage]
-            if run.stage in ("config", "command"):
-                write_atomic(self.errors, json.dumps({"time": time.time()}).encode(), 0o600)
-        elif not aside:
-            state.pop("aside", None)
-            if not run.unchanged:
-                state.update(logged=run.code, logged_at=time.time())
-        try:
-            if state != self.previous:
-                write_atomic(self.base + ".json", json.dumps(state).encode("utf-8"), 0o600)
-        finally:
-            if self.flight is not None:
-                os.close(self.flight)
-                self.flight = None
-        return state.get("skips", 0)
+class UsageError(Exception):
+    """A bad flag or flag value: exit 64 with a message on stderr."""
 
 
-def stage_totals(run):
-    """(stage name, ms) in the order the stages ran; a stage run once per
-    model is one figure, the sum."""
-    totals = []
-    for stage in run.stages:
-        if totals and any(name == stage["name"] for name, _ in totals):
-            totals = [(n, ms + stage["duration_ms"] if n == stage["name"] else ms)
-                      for n, ms in totals]
-        else:
-            totals.append((stage["name"], stage["duration_ms"]))
-    return totals
+class ConfigError(Exception):
+    """A bad config file, environment value or OLLAMA_HOST: exit 78."""
 
 
-def metrics_text(run, skips, now):
-    """Prometheus text format: each family once, with HELP and TYPE, no
-    timestamps (node_exporter's textfile collector refuses them)."""
-    def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
-        text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
-        return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class Fail(Exception):
+    """A stage ended the run with an exit status and a reason."""
 
-    host = 'host="%s"' % label(run.opts.host)
-    labels = '%s,model="%s"' % (host, label(",".join(run.opts.model)))
-    families = [
-        ("ready", "1 when the last check found the service ready, else 0",
-         [(labels, int(run.code == EX_OK))]),
-        ("last_run_timestamp_seconds", "Unix time of the last check", [(labels, now)]),
-        ("exit_code", "exit status of the last check", [(labels, run.code)]),
-        ("stage_duration_seconds", "time each stage of the last check took",
-         [('%s,stage="%s"' % (labels, name), ms / 1000.0) for name, ms in stage_totals(run)]),
-        ("consecutive_skips", "checks in a row that did not find the service ready",
-         [(labels, skips)]),
-        ("model_warmup_seconds", "time each model's warm-up took in the last check",
-         [('%s,model="%s",kind="%s"' % (host, label(m["name"]), m["kind"] or ""),
-           m["warmup_ms"] / 1000.0) for m in run.models if m["warmup_ms"] is not None]),
-    ]
-    lines = []
-    for name, text, samples in families:
-        if not samples:
-            continue
-        lines += ["# HELP %s_%s %s" % (PROG, name, text), "# TYPE %s_%s gauge" % (PROG, name)]
-        lines += ["%s_%s{%s} %s" % (PROG, name, names, repr(float(value))
-                                    if isinstance(value, float) else value)
-                  for names, value in samples]
-    return "\n".join(lines) + "\n"
+    def __init__(self, code, reason, stage=None, status=None, detail=None):
+        Exception.__init__(self, reason)
+        self.code = code
+        self.reason = reason
+        self.stage = stage
+        self.status = status        # the HTTP status, when there was one
+        self.detail = detail        # and the server's own message
 
 
-def exec_job(path, argv, lock_fd, inherited):
-    """Become the job: the GPU lock inherited, SIGINT and SIGTERM as this
-    process found them, SIGPIPE and SIGXFSZ back to default (Python ignores
-    them). A file without #! runs under /bin/sh, as execvp does. Returns
-    (status, why) only when that fails."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
-        keep = inherited.get(signum) is signal.SIG_IGN
-        signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
-    if lock_fd is not None:
-        os.set_inheritable(lock_fd, True)
-    try:
-        if sys.stdout is not None:
-            sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
-    try:
-        env = job_environment()
-        try:
-            os.execve(path, argv, env)
-        except OSError as exc:
-            if exc.errno != errno.ENOEXEC:
-                raise
-            os.execve("/bin/sh", ["/bin/sh", path] + argv[1:], env)
-    except OSError as exc:
-        return (EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC,
-                "cannot run %s: %s" % (sanitise(path), exc.strerror))
+class TimedOut(Exception):
+    """A socket timed out; the stage turns it into a reason with context."""
 
 
-def job_environment():
-    """The environment this process was given (Python 3.7+ adds LC_CTYPE to
-    its own under the C locale), less the token: the job has credentials of
-    its own, and a secret goes no further than it must."""
-    try:
-        with open("/proc/self/environ", "rb") as handle:
-            env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0")
-                       if b"=" in item)
-    except OSError:
-        env = dict(os.environb)
-    env.pop((ENV_PREFIX + "TOKEN").encode("ascii"), None)
-    return env
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
+
+    def __init__(self, signum):
+        BaseException.__init__(self, signum)
+        self.signum = signum
 
 
-def keep_state(run, shared):
-    """After the verdict: whether it is worth a log line (--log-changes-only),
-    the state (shared verdict, skip count), and the metrics file."""
-    opts, skips = run.opts, None
-    if shared is not None:
-        before = shared.previous
-        if run.code == EX_OK and before.get("skips") and not run.reused:
-            run.notes.append("recovered after %d skips" % before["skips"])
-        run.unchanged = bool(opts.log_changes_only) and shared.unchanged(run)
-        try:
-            skips = shared.save(run)
-        except OSError as exc:
-            run.problems.append("state not saved: %s" % (exc.strerror or exc))
-    if opts.metrics_file and run.stage != "lock":   # a lock held: the job runs
-        text = metrics_text(run, skips if skips is not None else int(run.code != EX_OK),
-                            time.time())
-        try:
-            write_atomic(opts.metrics_file, text.encode("utf-8"), 0o644)
-        except OSError as exc:
-            run.problems.append("metrics file %s: %s" % (opts.metrics_file,
-                                                         exc.strerror or exc))
+class _ParserExit(Exception):
+    """argparse finished (--help, --version) and wants this status."""
+
+    def __init__(self, status):
+        Exception.__init__(self, status)
+        self.status = status
 
 
-# ---- Report: syslog line, JSON, terminal ------------------------------------
-
-def quote(text):
-    """A sanitised value in double quotes that it cannot close early."""
-    text = sanitise(text, REASON_MAX)
-    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
-
-
-def log_value(value):
-    """A value for key=value logs: bare when safe, else quoted."""
-    text = sanitise("-" if value is None or value == "" else value, REASON_MAX)
-    return text if _BARE_VALUE_RE.match(text) else quote(text)
-
-
-def verdict_reason(run):
-    """The reason with the notes of a ready run appended."""
-    if run.code == EX_OK and run.notes:
-        return "%s; %s" % (run.reason, "; ".join(run.notes))
-    return run.reason
-
-
-def log_line(run, elapsed_ms):
-    """The one line written to syslog (and with -v to stderr)."""
-    fields = [("result", "ready" if run.code == EX_OK else "skip"),
-              ("code", run.code), ("stage", run.stage),
-              ("reason", verdict_reason(run)), ("host", run.opts.host),
-              ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
-    if len(run.models) > 1:
-        fields.append(("models", ", ".join("%s %s %s" % (
-            m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
-            else "%dms" % m["warmup_ms"]) for m in run.models)))
-    fields += [("%s_ms" % name, int(round(ms))) for name, ms in stage_totals(run)]
-    loaded = run.models[0]["was_loaded"] if run.models else None
-    if loaded is not None:
-        fields.append(("was_loaded", "yes" if loaded else "no"))
-    if run.vram_pct is not None:
-        fields.append(("vram_pct", run.vram_pct))
-    if run.api != "ollama":
-        fields.append(("api", run.api))
-    if run.attempt > 1:
-        fields.append(("attempts", run.attempt))
-    if run.reused:
-        fields.append(("shared", "reused"))
-    if run.problems:
-        fields.append(("problem", "; ".join(run.problems)))
-    if run.gpu:
-        fields.append(("gpu_backend", run.gpu["backend"]))
-        for n, gpu in enumerate(run.gpu["gpus"]):
-            fields.append(("gpu%d" % n, gpu_summary(gpu)))
-    return " ".join("%s=%s" % (k, quote(v) if k == "reason" else log_value(v))
-                    for k, v in fields)
-
-
-def gpu_summary(gpu):
-    """One GPU's figures for the log line; '-' where it cannot say."""
-    keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
-    text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
-    problem = gpu["error"] or gpu["health"]
-    return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
-                             gpu["name"] or "-")
-
-
-def syslog_message(line, severity, facility, udp, now=None):
-    """An RFC 3164 datagram; the hostname only for UDP (local sockets add it)."""
-    stamp = time.localtime(now)
-    head = "<%d>%s %2d %02d:%02d:%02d " % (
-        facility * 8 + severity, _MONTHS[stamp.tm_mon - 1], stamp.tm_mday,
-        stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
-    if udp:
-        head += (socket.gethostname().split(".")[0] or "localhost") + " "
-    return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
-
-
-def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
-    """Send one line; never raises, never takes longer than wait. Returns an
-    error or None. A local socket that is a stream (syslog-ng's
-    unix-stream("/dev/log"), some containers) gets what glibc's syslog(3)
-    sends it: the message and a NUL byte.
-
-    udp_target: the resolved (family, sockaddr) of a HOST:PORT address.
-    """
-    sock = None
-    try:
-        if isinstance(address, tuple):
-            if udp_target is None:
-                return "cannot resolve syslog host %s in time" % address[0]
-            sock = socket.socket(udp_target[0], socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.sendto(syslog_message(line, severity, facility, True), udp_target[1])
-            return None
-        message = syslog_message(line, severity, facility, False)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
-        try:
-            sock.sendto(message, address)
-            return None
-        except OSError as exc:
-            if exc.errno != errno.EPROTOTYPE:
-                raise
-        sock.close()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(max(wait, 0.001))
-        sock.connect(address)
-        sock.sendall(message + b"\0")
-    except (OSError, ValueError) as exc:    # ValueError: a path with a NUL byte
-        return "syslog %s: %s" % (address, getattr(exc, "strerror", None) or exc)
-    finally:
-        if sock is not None:
-            sock.close()
-    return None
-
-
-class Lookup(object):
-    """getaddrinfo of a UDP syslog host, in the background from the start of
-    the run: DNS can stall, and neither the verdict nor the deadline waits."""
-
-    def __init__(self, host, port):
-        self.target = None
-        self._thread = threading.Thread(target=self._resolve, args=(host, port))
-        self._thread.daemon = True
-        self._thread.start()
-
-    def _resolve(self, host, port):
-        try:
-            info = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
-            self.target = (info[0], info[4])
-        except (OSError, UnicodeError, ValueError, IndexError):
-            pass
-
-    def result(self, wait):
-        self._thread.join(max(0.0, wait))
-        return self.target
-
-
-def start_lookup(run):
-    """Resolve a UDP syslog collector's name in the background, once."""
-    if (run.lookup is None and isinstance(run.opts.syslog_address, tuple)
-            and not run.opts.no_syslog):
-        run.lookup = Lookup(*run.opts.syslog_address)
-
-
-def severity_of(code):
-    if code == EX_OK:
-        return SEV_INFO
-    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
-
-
-def verdict_json(run, elapsed_ms):
-    """The --json object."""
-    return {
-        "version": __version__, "ready": run.code == EX_OK,
-        "exit_code": run.code, "result": "ready" if run.code == EX_OK else "skip",
-        "host": run.opts.host, "model": run.model, "stage": run.stage,
-        "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
-        "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
-        "warmup": run.opts.warmup,
-        "model_was_loaded": run.models[0]["was_loaded"] if run.models else None,
-        "models": [dict((k, v) for k, v in m.items() if k != "size") for m in run.models],
-        "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
-        "attempts": run.attempt, "reused": run.reused is not None, "api": run.api,
-        "problems": run.problems,
-    }
-
-
-def report(run):
-    """Write the verdict: syslog always, stdout for --json, stderr as asked."""
-    opts = run.opts
-    elapsed_ms = (time.monotonic() - run.started) * 1000.0
-
-    def hide(text):     # again on the whole output: nothing echoed gets out
-        return redact(text, server_text=False)
-
-    line = hide(log_line(run, elapsed_ms))
-    problem = None
-    if not opts.no_syslog and not run.unchanged:
-        target = None
-        start_lookup(run)
-        if run.lookup is not None:
-            target = run.lookup.result(min(SYSLOG_WAIT,
-                                           run.deadline_at - time.monotonic()))
-        problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
-                              opts.syslog_address, target,
-                              min(SYSLOG_WAIT, run.deadline_at - time.monotonic()))
-    if opts.json:
-        emit("stdout", hide(json.dumps(verdict_json(run, elapsed_ms), sort_keys=True))
-             + "\n")
-    if opts.quiet:
-        return
-    if opts.verbose:
-        emit("stderr", "".join("%s: %s\n" % (PROG, text) for text in [line] + opts.said))
-        if problem:
-            emit("stderr", "%s: warning: %s; %s\n" % (PROG, sanitise(problem), NO_SYSLOG))
-    elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
-        emit("stderr", "%s: %s\n" % (PROG, line))
-    elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
-                                or _isatty(sys.stderr)):
-        emit("stderr", hide("%s: skip (%d%s): %s\n" % (
-            PROG, run.code, ", " + run.stage if run.stage else "",
-            sanitise(verdict_reason(run), REASON_MAX))))
-    if run.trace and opts.debug:
-        emit("stderr", hide(run.trace))
-
-
-def emit(name, text):
-    """Write text to sys.stdout or sys.stderr (name) at once. A closed or full
-    stream loses the text, never the exit status: it is dropped, so that the
-    interpreter does not fail flushing it again at exit."""
-    stream = getattr(sys, name)
-    try:
-        stream.write(text)
-        stream.flush()
-    except (AttributeError, OSError, ValueError):
-        setattr(sys, name, None)
-
-
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-# ---- CLI --------------------------------------------------------------------
-
-def main(argv=None, started=None):
-    """Parse, check, report; return the exit status (nothing else exits).
-
-    started: the monotonic() time the deadline counts from; the command line
-    passes the process start, a caller importing this module gets "now".
-    """
-    started = time.monotonic() if started is None else started
-    previous = _set_signals(_raise_interrupt)
-    _SECRETS["pieces"].clear()
-    _SECRETS["short"].clear()
-    args = sys.argv[1:] if argv is None else list(argv)
-    command = args[args.index("--") + 1:] if "--" in args else None
-    args = args[:args.index("--")] if command is not None else args
-    try:
-        try:
-            if any(a == "--token" or a.startswith("--token=") for a in args):
-                raise UsageError("there is no --token: a token on the command line is "
-                                 "shown to every user by ps; use --token-file or "
-                                 "GPU_PREFLIGHT_TOKEN")
-            ns = build_parser().parse_args(args)
-            if ns.verbose and ns.quiet:
-                raise UsageError("-v/--verbose and -q/--quiet exclude each other")
-            if command == []:
-                raise UsageError("'--' must be followed by the COMMAND to run")
-            try:
-                unique_models([name for part in ns.model or () for name in part])
-            except ValueError as exc:
-                raise UsageError("argument --model: %s" % exc)
-        except _ParserExit as exc:
-            emit("stdout", "")      # --help on a full stdout still exits 0
-            return exc.status
-        except UsageError as exc:
-            emit("stderr", "%s: error: %s (see --help)\n" % (PROG, sanitise(exc, REASON_MAX)))
-            return EX_USAGE
-        opts, problem = configure(ns, os.environ)
-        run = Run(opts, started)
-        lock_fd = shared = path = None
-        try:
-            try:
-                if problem:
-                    raise Fail(EX_CONFIG, problem, "config")
-                opts.token = read_token(opts, os.environ)
-                opts.tls_context = tls_context(opts)
-            finally:                # state even for a configuration error
-                if opts.share_result or opts.metrics_file or opts.log_changes_only:
-                    try:
-                        shared = Shared(opts, os.environ)
-                    except OSError as exc:
-                        run.problems.append("state not kept: %s" % (exc.strerror or exc))
-            if command:
-                path, failure = find_command(command[0], os.environ)
-                if failure:
-                    raise Fail(failure[0], failure[1], "command")
-            if opts.lock:
-                lock_fd = take_lock(opts.lock)
-            run = check_until_ready(run, shared)
-        except Fail as exc:
-            run.decide(exc.code, exc.stage, exc.reason)
-        except Interrupted as exc:
-            run = getattr(exc, "run", run)
-            run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
-        except Exception as exc:
-            run.trace = _traceback()
-            run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
-                       % (type(exc).__name__, sanitise(exc)))
-        late = []                   # a signal now must not be lost, nor cut the report
-        _set_signals(lambda signum, frame: late.append(signum))
-        kill_probes(run)
-        keep_state(run, shared)
-        report(run)
-        if late:                    # after a ready verdict: the job must not start
-            code, why = 128 + late[0], "interrupted by %s after the verdict" % (
-                signal.Signals(late[0]).name)
-        elif command and run.code == EX_OK:
-            code, why = exec_job(path, command, lock_fd, previous)
-        else:
-            return run.code
-        run.job_failed(code, why)
-        report(run)                 # a second line: the job did not start
-        return code
-    except Interrupted as exc:      # while parsing, before a run existed
-        return 128 + exc.signum
-    except Exception as exc:        # a bug before a run existed
-        emit("stderr", "%s: internal error: %s: %s\n"
-             % (PROG, type(exc).__name__, sanitise(exc)))
-        if "--debug" in (sys.argv if argv is None else argv):
-            emit("stderr", _traceback())
-        return EX_SOFTWARE
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def is_digits(text):
+    """ASCII digits only ("\u00b2".isdigit() is true, and int() refuses it)."""
+    return bool(re.match(r"^[0-9]+$", text))
 
 
 if __name__ == "__main__":
