@@ -94,89 +94,101 @@ def main(argv=None, started=None):
     """
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
-    _SECRETS["pieces"].clear()
-    _SECRETS["short"].clear()
-    args = sys.argv[1:] if argv is None else list(argv)
-    command = args[args.index("--") + 1:] if "--" in args else None
-    args = args[:args.index("--")] if command is not None else args
     try:
-        try:
-            if any(a == "--token" or a.startswith("--token=") for a in args):
-                raise UsageError("there is no --token: a token on the command line is "
-                                 "shown to every user by ps; use --token-file or "
-                                 "GPU_PREFLIGHT_TOKEN")
-            ns = build_parser().parse_args(args)
-            if ns.verbose and ns.quiet:
-                raise UsageError("-v/--verbose and -q/--quiet exclude each other")
-            if command == []:
-                raise UsageError("'--' must be followed by the COMMAND to run")
-            try:
-                unique_models([name for part in ns.model or () for name in part])
-            except ValueError as exc:
-                raise UsageError("argument --model: %s" % exc)
-        except _ParserExit as exc:
-            emit("stdout", "")      # --help on a full stdout still exits 0
-            return exc.status
-        except UsageError as exc:
-            emit("stderr", "%s: error: %s (see --help)\n" % (PROG, sanitise(exc, REASON_MAX)))
-            return EX_USAGE
-        opts, problem = configure(ns, os.environ)
-        run = Run(opts, started)
-        lock_fd = shared = path = None
-        try:
-            try:
-                if problem:
-                    raise Fail(EX_CONFIG, problem, "config")
-                opts.token = read_token(opts, os.environ)
-                opts.tls_context = tls_context(opts)
-            finally:                # state even for a configuration error
-                if opts.share_result or opts.metrics_file or opts.log_changes_only:
-                    try:
-                        shared = Shared(opts, os.environ)
-                    except OSError as exc:
-                        run.problems.append("state not kept: %s" % (exc.strerror or exc))
-            if command:
-                path, failure = find_command(command[0], os.environ)
-                if failure:
-                    raise Fail(failure[0], failure[1], "command")
-            if opts.lock:
-                lock_fd = take_lock(opts.lock)
-            run = check_until_ready(run, shared)
-        except Fail as exc:
-            run.decide(exc.code, exc.stage, exc.reason)
-        except Interrupted as exc:
-            run = getattr(exc, "run", run)
-            run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
-        except Exception as exc:
-            run.trace = _traceback()
-            run.decide(EX_SOFTWARE, None, "internal error: %s: %s"
-                       % (type(exc).__name__, sanitise(exc)))
-        late = []                   # a signal now must not be lost, nor cut the report
-        _set_signals(lambda signum, frame: late.append(signum))
-        kill_probes(run)
-        keep_state(run, shared)
-        report(run)
-        if late:                    # after a ready verdict: the job must not start
-            code, why = 128 + late[0], "interrupted by %s after the verdict" % (
-                signal.Signals(late[0]).name)
-        elif command and run.code == EX_OK:
-            code, why = exec_job(path, command, lock_fd, previous)
-        else:
-            return run.code
-        run.job_failed(code, why)
-        report(run)                 # a second line: the job did not start
-        return code
+        ns, command = parse_command_line(sys.argv[1:] if argv is None else list(argv))
+        run, shared, job = check(ns, command, started)
+        return finish(run, shared, job, previous)
+    except _ParserExit as exc:      # --help, --version, or a usage error said
+        return exc.status
     except Interrupted as exc:      # while parsing, before a run existed
         return 128 + exc.signum
     except Exception as exc:        # a bug before a run existed
-        emit("stderr", "%s: internal error: %s: %s\n"
-             % (PROG, type(exc).__name__, sanitise(exc)))
+        emit("stderr", "%s: %s\n" % (PROG, internal_error(exc)))
         if "--debug" in (sys.argv if argv is None else argv):
             emit("stderr", _traceback())
         return EX_SOFTWARE
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def parse_command_line(args):
+    """(options as given, COMMAND after --, or None); a usage error is said
+    on stderr and ends the run (_ParserExit 64)."""
+    command = args[args.index("--") + 1:] if "--" in args else None
+    args = args[:args.index("--")] if command is not None else args
+    try:
+        if any(a == "--token" or a.startswith("--token=") for a in args):
+            raise UsageError("there is no --token: a token on the command line is "
+                             "shown to every user by ps; use --token-file or "
+                             "GPU_PREFLIGHT_TOKEN")
+        ns = build_parser().parse_args(args)
+        if ns.verbose and ns.quiet:
+            raise UsageError("-v/--verbose and -q/--quiet exclude each other")
+        if command == []:
+            raise UsageError("'--' must be followed by the COMMAND to run")
+        try:
+            unique_models([name for part in ns.model or () for name in part])
+        except ValueError as exc:
+            raise UsageError("argument --model: %s" % exc)
+    except UsageError as exc:
+        emit("stderr", "%s: error: %s (see --help)\n" % (PROG, sanitise(exc, REASON_MAX)))
+        raise _ParserExit(EX_USAGE)
+    return ns, command
+
+
+def check(ns, command, started):
+    """The configuration, the COMMAND and the lock, then the checks: the Run
+    holding the verdict, the shared state, and what the job needs."""
+    _SECRETS["pieces"].clear()
+    _SECRETS["short"].clear()
+    opts, problem = configure(ns, os.environ)
+    run, shared, path, lock_fd = Run(opts, started), None, None, None
+    try:
+        try:
+            if problem:
+                raise Fail(EX_CONFIG, problem, "config")
+            opts.token = read_token(opts, os.environ)
+            opts.tls_context = tls_context(opts)
+        finally:                    # state even for a configuration error
+            shared = Shared.open(run)
+        if command:
+            path = find_command(command[0], os.environ)
+        if opts.lock:
+            lock_fd = take_lock(opts.lock)
+        run = check_until_ready(run, shared)
+    except Fail as exc:
+        run.decide(exc.code, exc.stage, exc.reason)
+    except Interrupted as exc:
+        run = getattr(exc, "run", run)
+        run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
+    except Exception as exc:
+        run.crashed(exc)
+    return run, shared, (path, command, lock_fd)
+
+
+def finish(run, shared, job, previous):
+    """Keep the state, report, and on a ready verdict become the job; the
+    exit status when the job did not start."""
+    late = []                       # a signal now must not be lost, nor cut the report
+    _set_signals(lambda signum, frame: late.append(signum))
+    kill_probes(run)
+    keep_state(run, shared)
+    report(run)
+    path, command, lock_fd = job
+    if late:                        # after a ready verdict: the job must not start
+        run.job_failed(128 + late[0], "interrupted by %s after the verdict"
+                       % signal.Signals(late[0]).name)
+    elif command and run.code == EX_OK:
+        run.job_failed(*exec_job(path, command, lock_fd, previous))
+    else:
+        return run.code
+    report(run)                     # a second line: the job did not start
+    return run.code
+
+
+def internal_error(exc):
+    return "internal error: %s: %s" % (type(exc).__name__, sanitise(exc))
 
 
 #: --wait: the first pause between attempts, doubled up to the last, and the
@@ -391,6 +403,11 @@ class Run(object):
             self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
             self.wake.set()
 
+    def crashed(self, exc):
+        """The verdict of a bug (70): one line, the traceback kept for --debug."""
+        self.trace = _traceback()
+        self.decide(EX_SOFTWARE, self.current and self.current.name, internal_error(exc))
+
     def job_failed(self, code, why):
         """After a ready verdict, the job did not start: that is the verdict,
         and news however often the check was ready before."""
@@ -445,9 +462,7 @@ def supervise(run, work):
         except Fail as exc:
             run.decide(exc.code, exc.stage, exc.reason)
         except Exception as exc:
-            run.trace = _traceback()
-            run.decide(EX_SOFTWARE, run.current and run.current.name,
-                       "internal error: %s: %s" % (type(exc).__name__, sanitise(exc)))
+            run.crashed(exc)
 
     worker = threading.Thread(target=target, name="gpu_preflight-check")
     worker.daemon = True
@@ -1961,17 +1976,18 @@ GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", pro
 # ---- Living under cron: the job, the lock, the shared verdict, metrics ------
 
 def find_command(name, environ):
-    """(path, None) of an executable COMMAND, or (None, (126|127, message))."""
+    """The path of COMMAND, executable; Fail (127 not found, 126 not an
+    executable file), as a shell would say, before any check."""
     dirs = environ.get("PATH", os.defpath).split(os.pathsep)
     paths = [name] if "/" in name else [os.path.join(d or ".", name) for d in dirs]
     found = [p for p in paths if os.path.exists(p)]
     for path in found:
         if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path, None
+            return path
     if found:
-        return None, (EX_NOEXEC, "%s: permission denied (not an executable file)"
-                      % sanitise(found[0]))
-    return None, (EX_NOTFOUND, "%s: command not found" % sanitise(name))
+        raise Fail(EX_NOEXEC, "%s: permission denied (not an executable file)"
+                   % sanitise(found[0]), "command")
+    raise Fail(EX_NOTFOUND, "%s: command not found" % sanitise(name), "command")
 
 
 def exec_job(path, argv, lock_fd, inherited):
@@ -2090,6 +2106,19 @@ class Shared(object):
         self.errors = os.path.join(directory, "errors.json")    # of any check
         self.previous = read_state(self.base + ".json")
         self.flight = None          # descriptor holding the flight lock
+
+    @classmethod
+    def open(cls, run):
+        """The state of run's check when an option needs it, else None (and
+        when the state directory cannot be used: a problem noted)."""
+        opts = run.opts
+        if not (opts.share_result or opts.metrics_file or opts.log_changes_only):
+            return None
+        try:
+            return cls(opts, os.environ)
+        except OSError as exc:
+            run.problems.append("state not kept: %s" % (exc.strerror or exc))
+            return None
 
     def reusable(self, since):
         """A verdict to reuse: ready and younger than --share-result, or
