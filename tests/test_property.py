@@ -635,8 +635,8 @@ POOLS = {
     "max-temp": labelled(("0", "90"), (), ("-1", "hot", "\u00b2")),
     "syslog-facility": labelled(("user", "local0", "DAEMON", "cron"), (),
                                 ("local8", "", "\u00fc", "kernel")),
-    "metrics-file": labelled(("{tmp}/metrics.prom", "{tmp}/missing/m.prom", "{tmp}", ""),
-                             ("{tmp}/m\u00e9trics.prom",)),
+    "metrics-file": labelled(("{tmp}/metrics.prom", "{tmp}/missing/m.prom", "{tmp}"),
+                             ("{tmp}/m\u00e9trics.prom",), ("",)),
     "host": labelled(
         ("127.0.0.1:{port}", "http://127.0.0.1:{port}", "http://127.0.0.1:{port}/",
          " http://127.0.0.1:{port} ", "'127.0.0.1:{port}'", '"http://127.0.0.1:{port}"',
