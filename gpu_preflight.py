@@ -94,6 +94,13 @@ def main(argv=None, started=None):
     """
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
+    if previous:                # probes are waited for: an ignored SIGCHLD reaps them
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in (0, 1, 2):        # a closed one would be the next pipe's, and a
+        try:                    # probe's /dev/null would then overwrite it
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
     try:
         ns, command = parse_command_line(sys.argv[1:] if argv is None else list(argv))
         run, shared, job = check(ns, command, started)
@@ -617,7 +624,7 @@ def ollama_kinds(run, client):
     from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
     servers say nothing, and a generative warm-up's refusal tells."""
     for model in run.models:
-        caps = capabilities(model["entry"], "GET /api/tags")
+        caps = capabilities(model["entry"], "GET /api/tags", "tags")
         if caps is None and "capabilities" not in model["entry"]:
             try:
                 with run.step("show", optional=True, model=model) as budget:
@@ -634,14 +641,14 @@ def ollama_kinds(run, client):
                 "embedding" not in caps else "embed"
 
 
-def capabilities(doc, what):
+def capabilities(doc, what, stage=None):
     """The capability names a server declares in doc, or None (not said)."""
     caps = doc.get("capabilities")
     if caps is None:
         return None
     if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
         raise Fail(EX_UNAVAILABLE, "%s: not a valid answer: capabilities is not a list "
-                   "of names" % what)
+                   "of names" % what, stage)
     return caps
 
 
@@ -656,11 +663,11 @@ def check_requirements(run, observed=False):
         same_model(t, m["name"]) for m in run.models)]
     if strays:
         raise Fail(EX_CONFIG, "--require names %s, which is not a model this check warms "
-                   "(--model)" % ", ".join(sanitise(t) for t in strays))
+                   "(--model)" % ", ".join(sanitise(t) for t in strays), "require")
     if any(not t for t, _ in require) and all(m["kind"] == "embed" for m in run.models):
         raise Fail(EX_CONFIG, "--require %s asks the generative models, and none of %s "
                    "is one" % (",".join(c for t, cs in require if not t for c in cs),
-                               model_names(run)))
+                               model_names(run)), "require")
     lacking, unknown = [], []
     for model in run.models:
         wanted = sorted(set(cap for target, caps in require for cap in caps
@@ -673,7 +680,7 @@ def check_requirements(run, observed=False):
         elif wanted and have is None and "unreadable" in model:
             raise Fail(model["unreadable"].code, "the capabilities of %s could not be "
                        "read, so --require cannot be checked: %s" % (
-                           model["name"], model["unreadable"].reason))
+                           model["name"], model["unreadable"].reason), "require")
         elif wanted and have is None:
             unknown.append(model["name"])
             continue
@@ -686,7 +693,7 @@ def check_requirements(run, observed=False):
                 model["name"], ", ".join(missing), ", ".join(have) or "none"))
     if lacking:
         raise Fail(EX_CONFIG, "the job's --require is not met: %s; use a model that "
-                   "declares it" % "; ".join(sanitise(l) for l in lacking))
+                   "declares it" % "; ".join(sanitise(l) for l in lacking), "require")
     if unknown and not observed:
         run.problems.append("capabilities not checked: the server declares none for %s "
                             "(Ollama before 0.6.4, or an OpenAI-compatible server)"
@@ -843,9 +850,10 @@ def model_list(doc, what):
 
 
 def _name(entry):
-    """A model entry's name ("name", else "model"), or None."""
-    return next((entry[key] for key in ("name", "model")
-                 if isinstance(entry.get(key), str) and entry[key].strip()), None)
+    """A model entry's name ("name", else "model"), or None; a name of more
+    than 512 characters is no model's, and every output would carry it."""
+    return next((entry[key] for key in ("name", "model") if isinstance(
+        entry.get(key), str) and entry[key].strip() and len(entry[key]) <= 512), None)
 
 
 def whole_number(doc, key, what):
@@ -1007,8 +1015,8 @@ def served_models(doc):
     if data is not None and not isinstance(data, list):
         raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
                    "has no data list")
-    entries = [dict(m, name=m["id"] if isinstance(m.get("id"), str) and m["id"].strip()
-                    else _name(m)) for m in data or () if isinstance(m, dict)]
+    entries = [dict(m, name=_name({"name": m.get("id")}) or _name(m))
+               for m in data or () if isinstance(m, dict)]
     return [e for e in entries if e["name"]]
 
 
@@ -1124,15 +1132,8 @@ class Client(object):
 
     def _read(self, answer, limit, what, allow_short=False):
         """Read at most limit bytes; a longer answer ends the stage."""
-        chunks, size = [], 0
         try:
-            while size <= limit:    # read(limit) would allocate limit bytes
-                chunk = answer.read(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            body = b"".join(chunks)
+            body = read_up_to(answer.read, limit)
             missing = getattr(answer, "length", None)   # Content-Length left
         except Exception as exc:    # OSError, http.client.IncompleteRead...
             if allow_short:
@@ -1266,7 +1267,7 @@ def classify_exception(exc, what, url, api="ollama"):
     if isinstance(exc, (ConnectionError, EOFError, http.client.IncompleteRead)):
         return EX_UNAVAILABLE, ("%s: connection closed by %s in mid-answer"
                                 % (what, where))
-    if isinstance(exc, ssl.SSLError):
+    if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):  # 3.6: not an SSLError
         return EX_CONFIG, "%s: TLS error with %s: %s" % (what, where, sanitise(exc))
     if isinstance(exc, (http.client.BadStatusLine, http.client.LineTooLong,
                         http.client.UnknownProtocol)):
@@ -1533,12 +1534,8 @@ def spawn(run, child=None, argv=None, env=None):
             os.dup2(null, 0)
             os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
             os.dup2(null, 2)
-            for fd in map(int, os.listdir("/proc/self/fd")):   # a stuck probe
-                if fd > 2 and fd != wfd:                        # must hold no
-                    try:                                        # lock or pipe
-                        os.close(fd)
-                    except OSError:
-                        pass
+            os.closerange(3, wfd)   # a stuck probe must hold no lock or pipe
+            os.closerange(wfd + 1, open_files_limit())
             if argv:
                 os.execve(argv[0], argv, env)
             data = json.dumps(child()).encode("utf-8")
@@ -1563,36 +1560,35 @@ def collect(run, pid, rfd, ends_at, what, reaped_by=None):
     Raises Fail (75, "GPU probe hung") when the output does not end in time.
     """
     import select
-    chunks, size = [], 0
+    poller = select.poll()      # select() cannot watch a descriptor past 1023
+    poller.register(rfd, select.POLLIN)
+
+    def read(size):
+        left = ends_at - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            kill_probes(run)
+            stage = run.current
+            raise Fail(EX_TEMPFAIL, "GPU probe hung: %s did not answer within "
+                       "%.3gs (driver wedged, or GPUs initialising without "
+                       "persistence mode)" % (what, stage.ends_at - stage.started))
+        return os.read(rfd, size)
     try:
-        while size <= MAX_PROBE_OUTPUT:
-            left = ends_at - time.monotonic()
-            if left <= 0 or not select.select([rfd], [], [], left)[0]:
-                kill_probes(run)
-                stage = run.current
-                raise Fail(EX_TEMPFAIL, "GPU probe hung: %s did not answer within "
-                           "%.3gs (driver wedged, or GPUs initialising without "
-                           "persistence mode)" % (what, stage.ends_at - stage.started))
-            chunk = os.read(rfd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        output = read_up_to(read, MAX_PROBE_OUTPUT)
     finally:
         os.close(rfd)
     end = reaped_by or time.monotonic() + PROBE_REAP_WAIT
     while True:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:   # SIGCHLD ignored by whoever started us
+        except ChildProcessError:   # reaped already: SIGCHLD was ignored
             run.children.remove(pid)
-            return b"".join(chunks), None
+            return output, None
         if done:
             run.children.remove(pid)
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            return b"".join(chunks), code
+            return output, code
         if time.monotonic() > end:
-            return b"".join(chunks), None
+            return output, None
         time.sleep(0.002)
 
 
@@ -1903,12 +1899,21 @@ def parse_smi_csv(text):
                              found.group(2), found.group(3).strip()))
             continue
         value = dict(zip(SMI_FIELDS, fields))
-        number = lambda key: int(float(value[key])) if re.match(_NUMBER, value[key]) else None
+        number = lambda key: figure(value[key])
         gpus.append(gpu_record(
             number("index"), value["uuid"], value["name"],
             total=number("memory.total"), free=number("memory.free"),
             util=number("utilization.gpu"), temp=number("temperature.gpu")))
     return gpus, lost
+
+
+def figure(text):
+    """A whole number nvidia-smi printed, or None ("[N/A]", or absurd)."""
+    try:
+        number = int(float(text)) if re.match(_NUMBER, text) else None
+    except OverflowError:
+        return None
+    return number if number is not None and number < 2 ** 53 else None
 
 
 def parse_smi_apps(text):
@@ -1991,11 +1996,12 @@ def find_command(name, environ):
 
 
 def exec_job(path, argv, lock_fd, inherited):
-    """Become the job: the GPU lock inherited, SIGINT and SIGTERM as this
-    process found them, SIGPIPE and SIGXFSZ back to default (Python ignores
-    them). A file without #! runs under /bin/sh, as execvp does. Returns
+    """Become the job: the GPU lock inherited, SIGINT, SIGTERM and SIGCHLD as
+    this process found them, SIGPIPE and SIGXFSZ back to default (Python
+    ignores them). A file without #! runs under /bin/sh, as execvp does. Returns
     (status, why) only when that fails."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
+                   signal.SIGCHLD):
         keep = inherited.get(signum) is signal.SIG_IGN
         signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
     if lock_fd is not None:
@@ -2751,10 +2757,12 @@ def parse_models(text):
 
 def unique_models(names):
     """Raise ValueError when two names mean one model (qwen3, qwen3:latest)."""
-    for i, name in enumerate(names):
-        twice = [n for n in names[:i] if same_model(n, name)]
-        if twice:
-            raise ValueError("model %s is named twice (as %s)" % (name, twice[0]))
+    seen = {}
+    for name in names:
+        key = normalise_model(name).lower()
+        if key in seen:
+            raise ValueError("model %s is named twice (as %s)" % (name, seen[key]))
+        seen[key] = name
 
 
 def parse_require(text):
@@ -2829,13 +2837,15 @@ def parse_nvml_lib(text):
 def host_url(value):
     """A --host value: parsed like OLLAMA_HOST, but a bad port is an error."""
     text = value.strip().strip("\"'")
-    if re.search(r"[\s?#@]", text) or text.count("[") != text.count("]"):
+    if re.search(r"[?#@]|[^\x21-\x7e]", text) or text.count("[") != text.count("]"):
         raise ValueError("%r is not a URL or HOST:PORT" % value)
     if text.endswith("://"):
         raise ValueError("%r names no host" % value)
     url, bad_port = parse_ollama_host(value)
-    if bad_port is not None:
-        raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(), bad_port))
+    port = url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1]
+    if bad_port is not None or port == "0":
+        raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(),
+                                                              bad_port or port))
     if not url.startswith(("http://", "https://")):
         raise ValueError("%s: only http:// and https:// URLs are supported"
                          % value.strip())
@@ -3131,8 +3141,9 @@ def config_path(ns, environ):
     if given:
         return given, True
     if os.geteuid() != 0:
-        base = environ.get("XDG_CONFIG_HOME", "").strip() or os.path.join(
-            environ.get("HOME", ""), ".config")
+        base = environ.get("XDG_CONFIG_HOME", "").strip()
+        if not base.startswith("/"):        # the XDG rule: a relative one is ignored
+            base = os.path.join(environ.get("HOME", ""), ".config")
         user = os.path.join(base, PROG + ".conf")
         if base.startswith("/") and os.path.exists(user):
             return user, True
@@ -3148,7 +3159,7 @@ def read_config_file(path, must_exist):
     if not must_exist and not os.path.lexists(path):   # a dangling link is an error
         return None
     try:
-        text = read_trusted(path, MAX_CONFIG).decode("utf-8")
+        text = read_trusted(path, MAX_CONFIG).decode("utf-8-sig")     # a BOM is no text
     except UnicodeDecodeError:
         raise ConfigError("bad config file %s: not UTF-8 text" % path)
     except ValueError as exc:
@@ -3163,9 +3174,9 @@ def read_config_file(path, must_exist):
     except configparser.MissingSectionHeaderError:
         raise ConfigError("bad config file %s: its first setting comes before any "
                           "section: put [%s] on a line above it" % (path, CONFIG_SECTION))
-    except configparser.Error as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError("bad config file %s: %s" % (path, first))
+    except configparser.Error as exc:   # its first lines say what and where
+        said = " ".join(str(exc).split("\n")[:2]).replace("\t", " ") or type(exc).__name__
+        raise ConfigError("bad config file %s: %s" % (path, said))
     if not parser.has_section(CONFIG_SECTION):
         raise ConfigError("config file %s has no [%s] section" % (path, CONFIG_SECTION))
     known = set(o[0] for o in each_option())
@@ -3256,7 +3267,7 @@ def read_token(opts, environ):
     if path:
         where = "token file %s" % sanitise(path)
         try:
-            text = read_trusted(path, MAX_CONFIG).decode("utf-8")
+            text = read_trusted(path, MAX_CONFIG).decode("utf-8-sig")     # a BOM is no text
             mode = os.stat(path).st_mode
         except (OSError, ValueError) as exc:
             raise Fail(EX_CONFIG, "cannot read %s: %s" % (
@@ -3365,6 +3376,27 @@ def read_trusted(path, limit):
     raise ValueError(problem)
 
 
+def read_up_to(read, limit):
+    """What read(size) gives until it gives b"", or more than limit bytes
+    (then limit + 1 of them, so the caller can say "too large"); never asks
+    for more than 64 KiB at a time (read(limit) would allocate limit)."""
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def open_files_limit():
+    try:
+        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
+    except (OSError, ValueError):
+        return 1024
+
+
 def read_small_file(path, limit):
     """The bytes of a regular file of at most `limit` bytes.
 
@@ -3375,18 +3407,12 @@ def read_small_file(path, limit):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = read_up_to(lambda size: os.read(fd, size), limit)
     finally:
         os.close(fd)
-    if size > limit:
+    if len(data) > limit:
         raise ValueError("larger than %d KiB" % (limit // 1024))
-    return b"".join(chunks)
+    return data
 
 
 def open_no_follow(path, mode=0o644):
@@ -3485,8 +3511,9 @@ class _ParserExit(Exception):
 
 
 def is_digits(text):
-    """ASCII digits only ("\u00b2".isdigit() is true, and int() refuses it)."""
-    return bool(re.match(r"^[0-9]+$", text))
+    """A count in ASCII digits ("\u00b2".isdigit() is true, and int() refuses
+    it; Python 3.11 refuses more than 4300 digits), of at most 18."""
+    return bool(re.match(r"^[0-9]{1,18}$", text))
 
 
 if __name__ == "__main__":
