@@ -1698,11 +1698,34 @@ def nvml_candidates(path):
 
 
 def nvml_snapshot(path):
-    """In the child: NVML's view of every GPU, as a JSON-ready dict."""
-    import ctypes as c
-    Memory, MemoryV2, Process, ProcessV2 = nvml_structs(c)
+    """In the child: NVML's view of every GPU, as a JSON-ready dict (or
+    {"nvml_error": code, "text": why}, or {"untrusted": why})."""
+    import ctypes
+    found = nvml_library(ctypes, path)
+    if isinstance(found, dict):
+        return found
+    nvml = Nvml(ctypes, *found)
+    code = nvml.call("nvmlInit_v2")
+    if code:
+        return {"nvml_error": code, "text": nvml.error(code)}
+    try:
+        count = ctypes.c_uint(0)
+        code = nvml.call("nvmlDeviceGetCount_v2", ctypes.byref(count))
+        if code:
+            return {"nvml_error": code, "text": nvml.error(code)}
+        driver = ctypes.create_string_buffer(96)
+        nvml.call("nvmlSystemGetDriverVersion", driver, ctypes.c_uint(96))
+        return {"driver": driver.value.decode("ascii", "replace") or None,
+                "library": nvml.path,
+                "gpus": [gpu for index in range(count.value) for gpu in nvml.device(index)]}
+    finally:
+        nvml.call("nvmlShutdown")
 
-    lib, why = None, "%s not found" % (path or NVML_NAME)
+
+def nvml_library(c, path):
+    """(the loaded library, its path), or the dict nvml_snapshot() answers
+    when there is none: each candidate judged before dlopen runs a byte."""
+    why = "%s not found" % (path or NVML_NAME)
     for name in nvml_candidates(path):
         if not os.path.isfile(name):        # missing, or a FIFO that would block
             why = "%s is not a regular file" % name if os.path.exists(name) else why
@@ -1714,117 +1737,134 @@ def nvml_snapshot(path):
             problem = untrusted(name)
         except OSError as exc:
             problem = exc.strerror
-        if problem:             # checked before dlopen runs a byte of it
+        if problem:
             return {"untrusted": "NVML library %s: others could have written it: %s"
                     % (name, problem)}
         try:
-            lib = c.CDLL(name)
-            break
+            return c.CDLL(name), name
         except OSError as exc:
             why = str(exc)
-    if lib is None:
-        return {"nvml_error": NVML_LIBRARY_NOT_FOUND, "text": why}
+    return {"nvml_error": NVML_LIBRARY_NOT_FOUND, "text": why}
 
-    def call(function, *args):          # every argument a ctypes object: no
-        try:                            # bare int truncates a 64-bit handle
-            return getattr(lib, function)(*args)
+
+class Nvml(object):
+    """NVML through ctypes, in the probe's child. Every argument is a ctypes
+    object: a bare int would truncate a 64-bit handle."""
+
+    def __init__(self, c, lib, path):
+        self.c, self.lib, self.path = c, lib, path
+        self.structs = nvml_structs(c)
+
+    def call(self, function, *args):
+        try:
+            return getattr(self.lib, function)(*args)
         except AttributeError:
             return NVML_FUNCTION_NOT_FOUND
 
-    def error(code):
-        lib.nvmlErrorString.restype = c.c_char_p
-        return "%s (NVML error %d)" % ((lib.nvmlErrorString(c.c_int(code)) or b"")
+    def error(self, code):
+        self.lib.nvmlErrorString.restype = self.c.c_char_p
+        return "%s (NVML error %d)" % ((self.lib.nvmlErrorString(self.c.c_int(code)) or b"")
                                        .decode("ascii", "replace"), code)
 
-    def text(function, handle):
-        buf = c.create_string_buffer(96)
-        ok = call(function, handle, buf, c.c_uint(96)) == 0
+    def text(self, function, handle):
+        buf = self.c.create_string_buffer(96)
+        ok = self.call(function, handle, buf, self.c.c_uint(96)) == 0
         return buf.value.decode("utf-8", "replace") if ok else None
 
-    def uint(function, handle, *args):
-        value = c.c_uint(0)
-        return value.value if call(function, handle, *args + (c.byref(value),)) == 0 else None
+    def uint(self, function, handle, *args):
+        value = self.c.c_uint(0)
+        code = self.call(function, handle, *args + (self.c.byref(value),))
+        return value.value if code == 0 else None
 
-    def measure(handle, gpu):
+    def device(self, index):
+        """The GPU at index, as records: the GPU, then its MIG devices."""
+        c, handle = self.c, self.c.c_void_p()
+        code = self.call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
+        if code:
+            gpu = gpu_record(index, None, None, error=self.error(code))
+            gpu["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
+            return [gpu]
+        gpu = gpu_record(index, self.text("nvmlDeviceGetUUID", handle),
+                         self.text("nvmlDeviceGetName", handle))
+        self.measure(handle, gpu)
+        if gpu["error"]:
+            return [gpu]
+        util = (c.c_uint * 2)()
+        if self.call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
+            gpu["util_pct"] = util[0]
+        gpu["temp_c"] = self.uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
+        gpu["health"] = self.health(handle)
+        return [gpu] + self.mig_devices(handle, gpu)
+
+    def mig_devices(self, handle, gpu):
+        """The MIG devices of a GPU in MIG mode, each judged by its own figures."""
+        c, mode, pending = self.c, self.c.c_uint(0), self.c.c_uint(0)
+        if self.call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
+            gpu["mig"] = mode.value == 1
+        found = []
+        for slot in range(self.uint("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
+                          if gpu["mig"] else 0):
+            child = c.c_void_p()
+            if self.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, c.c_uint(slot),
+                         c.byref(child)) == 0:
+                mig = gpu_record(gpu["index"], self.text("nvmlDeviceGetUUID", child),
+                                 self.text("nvmlDeviceGetName", child))
+                mig["parent"] = gpu["uuid"]
+                self.measure(child, mig)
+                found.append(mig)
+        return found
+
+    def measure(self, handle, gpu):
         """Memory and compute processes, of a GPU or a MIG device."""
+        c, (Memory, MemoryV2, Process, ProcessV2) = self.c, self.structs
         mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
-        code = call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
+        code = self.call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
         if code:
             mem = Memory()
-            code = call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
+            code = self.call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
         if code == NVML_GPU_IS_LOST:
-            gpu["error"] = error(code)
+            gpu["error"] = self.error(code)
         elif code == 0:
             gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
         for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
                                ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
                                ("nvmlDeviceGetComputeRunningProcesses", Process)):
             number = c.c_uint(0)
-            code = call(function, handle, c.byref(number), None)
+            code = self.call(function, handle, c.byref(number), None)
             if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
                 number = c.c_uint(number.value * 2 + 5)
-                code = call(function, handle, c.byref(number), (kind * number.value)())
+                code = self.call(function, handle, c.byref(number), (kind * number.value)())
             if code != NVML_FUNCTION_NOT_FOUND:
                 gpu["procs"] = number.value if code == 0 else None
-                break
+                return
 
-    code = call("nvmlInit_v2")
-    if code:
-        return {"nvml_error": code, "text": error(code)}
-    try:
-        count, gpus = c.c_uint(0), []
-        code = call("nvmlDeviceGetCount_v2", c.byref(count))
-        if code:
-            return {"nvml_error": code, "text": error(code)}
-        for index in range(count.value):
-            handle = c.c_void_p()
-            code = call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
-            if code:
-                gpus.append(gpu_record(index, None, None, error=error(code)))
-                gpus[-1]["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
-                continue
-            gpu = gpu_record(index, text("nvmlDeviceGetUUID", handle),
-                             text("nvmlDeviceGetName", handle))
-            gpus.append(gpu)
-            measure(handle, gpu)
-            if gpu["error"]:
-                continue
-            util = (c.c_uint * 2)()
-            if call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
-                gpu["util_pct"] = util[0]
-            gpu["temp_c"] = uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
-            mode, pending = c.c_uint(0), c.c_uint(0)
-            if call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
-                gpu["mig"] = mode.value == 1
-            slots = uint("nvmlDeviceGetMaxMigDeviceCount", handle) if gpu["mig"] else 0
-            for slot in range(slots or 0):
-                child = c.c_void_p()
-                if call("nvmlDeviceGetMigDeviceHandleByIndex", handle,
-                        c.c_uint(slot), c.byref(child)) == 0:
-                    mig = gpu_record(index, text("nvmlDeviceGetUUID", child),
-                                     text("nvmlDeviceGetName", child))
-                    mig["parent"] = gpu["uuid"]
-                    measure(child, mig)
-                    gpus.append(mig)
-            rows = [c.c_uint(0) for _ in range(4)]  # corrected, uncorrected, pending, failed
-            ecc = c.c_ulonglong(0)              # uncorrected (1), since the driver loaded (0)
-            if call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0 \
-                    and (rows[2].value or rows[3].value):
-                gpu["health"] = "row remapping %s" % ("failed: the GPU needs service"
-                                                      if rows[3].value else
-                                                      "pending: the GPU needs a reset")
-            elif uint("nvmlDeviceGetRetiredPagesPendingStatus", handle):
-                gpu["health"] = "retired pages pending: the GPU needs a reset"
-            elif call("nvmlDeviceGetTotalEccErrors", handle, c.c_int(1), c.c_int(0),
-                      c.byref(ecc)) == 0 and ecc.value:
-                gpu["health"] = ("%d uncorrectable ECC errors since the driver loaded: "
-                                 "the GPU needs a reset" % ecc.value)
-        driver = c.create_string_buffer(96)
-        call("nvmlSystemGetDriverVersion", driver, c.c_uint(96))
-        return {"driver": driver.value.decode("ascii", "replace") or None,
-                "library": name, "gpus": gpus}
-    finally:
-        call("nvmlShutdown")
+    def health(self, handle):
+        """nvml_health() of the figures this GPU reports (None: unsupported)."""
+        c, rows = self.c, [self.c.c_uint(0) for _ in range(4)]
+        ecc = c.c_ulonglong(0)      # uncorrected (1), since the driver loaded (0)
+        remapped = self.call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0
+        return nvml_health(rows[2].value if remapped else None,       # pending
+                           rows[3].value if remapped else None,       # failed
+                           self.uint("nvmlDeviceGetRetiredPagesPendingStatus", handle),
+                           ecc.value if self.call("nvmlDeviceGetTotalEccErrors", handle,
+                                                  c.c_int(1), c.c_int(0), c.byref(ecc)) == 0
+                           else None)
+
+
+def nvml_health(rows_pending, rows_failed, pages_pending, uncorrected):
+    """Why a GPU needs a reset or service, or None: row remapping pending or
+    failed, retired pages pending, uncorrectable ECC errors since the driver
+    loaded (each None where the GPU cannot tell)."""
+    if rows_failed:
+        return "row remapping failed: the GPU needs service"
+    if rows_pending:
+        return "row remapping pending: the GPU needs a reset"
+    if pages_pending:
+        return "retired pages pending: the GPU needs a reset"
+    if uncorrected:
+        return ("%d uncorrectable ECC errors since the driver loaded: the GPU needs a "
+                "reset" % uncorrected)
+    return None
 
 
 SMI_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/lib/wsl/lib")
