@@ -599,7 +599,10 @@ empty_after() {
 check_writable() {
     _cw_dir=$1
     while [ ! -d "$_cw_dir" ]; do
-        _cw_dir=${_cw_dir%/*}
+        case $_cw_dir in
+            */*) _cw_dir=${_cw_dir%/*} ;;
+            *) _cw_dir=. ;; # a relative DESTDIR: below the working directory
+        esac
         _cw_dir=${_cw_dir:-/}
     done
     if [ ! -w "$_cw_dir" ]; then
