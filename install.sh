@@ -187,10 +187,11 @@ resolve_paths() {
         /*) ;;
         *) usage_err "SYSCONFDIR must be an absolute path, got '$SYSCONFDIR'" ;;
     esac
-    case $PREFIX in # it is written into the launcher as a Python string
-        *[\"\\]* | *'
-'*) usage_err "PREFIX must not contain a quote, a backslash or a newline" ;;
-    esac
+    # PREFIX goes into the launcher as a Python string: printable ASCII only
+    # (a carriage return or a byte that is not UTF-8 makes it unreadable)
+    if ! (LC_ALL=C && case $PREFIX in *[\"\\]* | *[![:print:]]*) exit 1 ;; esac); then
+        usage_err "PREFIX must not contain a quote, a backslash or a character that is not printable ASCII"
+    fi
     while [ "${PREFIX%/}" != "$PREFIX" ]; do PREFIX=${PREFIX%/}; done
     while [ "${SYSCONFDIR%/}" != "$SYSCONFDIR" ]; do SYSCONFDIR=${SYSCONFDIR%/}; done
     while [ "${DESTDIR%/}" != "$DESTDIR" ]; do DESTDIR=${DESTDIR%/}; done
