@@ -30,7 +30,7 @@
 #
 # Usage:
 #   sh install.sh [--prefix DIR] [--sysconfdir DIR] [--destdir DIR]
-#                 [--python PATH] [--no-config] [--no-python-check]
+#                 [--python PATH [--no-python-check]] [--no-config]
 #                 [--dry-run] [--quiet]
 #   sh install.sh --uninstall [--prefix DIR] [--destdir DIR]
 #   sh install.sh --help
@@ -117,8 +117,9 @@ Options:
                       on PATH); it also writes the bytecode cache
   --no-config         do not install the example config file
   --no-python-check   do not run Python at all: no version check and no
-                      bytecode cache (the first run writes it); the launcher
-                      names --python, else python3 as found on PATH
+                      bytecode cache (the first run writes it); needs
+                      --python, the interpreter the launcher names (a name
+                      found on PATH may be a pyenv shim or a wrapper)
   --uninstall         remove the command, the module and its cache; the
                       config file is kept
   --dry-run           print what would be done, change nothing
@@ -166,6 +167,9 @@ parse_args() {
         esac
         shift
     done
+    if [ "$NO_PYTHON_CHECK" = 1 ] && [ -z "$PYTHON" ]; then
+        usage_err "--no-python-check needs --python PATH (the interpreter the launcher names)"
+    fi
 }
 
 set_option() {
@@ -242,7 +246,7 @@ verify_checksum() {
 find_python() {
     PYC=
     HASHED=0
-    if [ "$NO_PYTHON_CHECK" = 1 ] && [ -n "$PYTHON" ]; then
+    if [ "$NO_PYTHON_CHECK" = 1 ]; then
         check_shebang "$PYTHON"
         return 0
     fi
@@ -251,11 +255,6 @@ find_python() {
             python_hint "$PYTHON not found"
         fi
         python_hint "python3 not found on PATH"
-    fi
-    if [ "$NO_PYTHON_CHECK" = 1 ]; then
-        PYTHON=$_fp_found
-        check_shebang "$PYTHON"
-        return 0
     fi
     # sys.executable, not the name on PATH: a pyenv shim or a wrapper script
     # could later pick an interpreter that the cache does not match.

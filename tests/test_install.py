@@ -757,11 +757,20 @@ class TestPythonCheck(InstallTestCase):
 
     def test_no_python_check_runs_no_python(self):
         fakebin = self.make_bin("python3", self.FAKE_OLD_PYTHON)
+        python = os.path.join(fakebin, "python3")
+        # the python3 found on PATH may be a pyenv shim or a wrapper that picks
+        # an interpreter at run time: without running it, --python must say
+        rc, out, err = self.run_install("--no-python-check",
+                                        path=fakebin + os.pathsep + "/usr/bin:/bin")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--no-python-check needs --python PATH", err)
+        self.assertEqual(tree(self.destdir), [])
         rc, out, err = self.assert_ok(self.run_install(
-            "--no-python-check", path=fakebin + os.pathsep + "/usr/bin:/bin"))
+            "--no-python-check", "--python", python,
+            path=fakebin + os.pathsep + "/usr/bin:/bin"))
         self.assertIn("no bytecode cache (--no-python-check)", err)
         self.assertEqual(read_bytes(self.target).decode(),
-                         launcher_text(os.path.join(fakebin, "python3"), self.lib_final))
+                         launcher_text(python, self.lib_final))
         self.assertEqual(read_bytes(self.module), read_bytes(SCRIPT))
         self.assertFalse(os.path.exists(self.cachedir))
         # for a build host without the target's Python: --python is taken as is
