@@ -90,6 +90,11 @@ main() {
     find_source
     verify_checksum
     find_python
+    for _path in "$TARGET" "$MODULE" "$PYC"; do # mv -f would move into it
+        if [ -d "$_path" ]; then
+            err "$_path is a directory (or a link to one); remove it first"
+        fi
+    done
     install_module
     install_cache
     install_launcher
