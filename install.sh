@@ -19,11 +19,13 @@
 # package manager changes the files' timestamps. Python 3.6 has only
 # timestamp pycs: if a packager changes the module's mtime, the first run as
 # root rewrites the cache. After the interpreter itself is upgraded (a new
-# cache tag), run install.sh again.
+# cache tag), run install.sh again. __pycache__ is made 0755 even under
+# --no-python-check: a first run would create it with its own umask.
 #
-# The script is idempotent: what is already in place is left alone
-# ("unchanged"); a changed file is replaced atomically (written to a temporary
-# name in the same directory, then renamed over). An older install that put
+# The script is idempotent: what is already in place, owned by this user with
+# the right mode, is left alone ("unchanged"); anything else is replaced
+# atomically (written to a temporary name in the same directory, then renamed
+# over), a new module only once it compiled. An older install that put
 # the whole script in bin/ is replaced by the launcher. Every command that
 # changes something is printed as "+ command" on stderr; --dry-run only prints
 # them, and its "+ " lines, with that prefix cut, replay as a shell script.
@@ -96,7 +98,6 @@ main() {
         fi
     done
     install_module
-    install_cache
     install_launcher
     if [ "$NO_CONFIG" = 0 ]; then
         install_config
@@ -298,67 +299,92 @@ python_hint() {
         "  Or name another Python 3.6+ interpreter: sh install.sh --python /path/to/python3"
 }
 
+# The module and its bytecode cache, written by the launcher's interpreter as
+# Python itself would (same file name, same invalidation check) but naming the
+# final path as its source. A new module is compiled in a staging directory
+# beside it first: a source that does not compile replaces nothing. Any cache
+# another interpreter (or -O) left is removed.
 install_module() {
-    MODULE_CHANGED=0
-    if [ -f "$MODULE" ] && [ ! -L "$MODULE" ] && cmp -s "$SOURCE" "$MODULE" \
-        && [ "$(file_mode "$MODULE")" = "-rw-r--r--" ]; then
-        say "unchanged: $MODULE"
-        return 0
+    _im_same=0
+    if own_file "$MODULE" -rw-r--r-- && cmp -s "$SOURCE" "$MODULE"; then
+        _im_same=1
     fi
-    MODULE_CHANGED=1
-    check_writable "$LIBDIR"
-    ensure_dir "$LIBDIR"
-    _im_word=$(install_word "$MODULE")
-    put "$MODULE" 0644 --from "$SOURCE"
-    done_msg "$_im_word" "$MODULE"
-}
-
-# Byte-compile the module with the launcher's interpreter, as Python itself
-# would (same file name, same invalidation check), but naming the final path
-# as its source; remove any cache another interpreter (or -O) left.
-install_cache() {
-    for _ic_pyc in "$CACHEDIR"/gpu_preflight.*.pyc; do
-        if [ -e "$_ic_pyc" ] && [ "$_ic_pyc" != "$PYC" ] \
-            && { [ -n "$PYC" ] || [ "$MODULE_CHANGED" = 1 ]; }; then
-            run rm -f "$_ic_pyc"
+    for _im_pyc in "$CACHEDIR"/gpu_preflight.*.pyc; do
+        if [ -e "$_im_pyc" ] && [ "$_im_pyc" != "$PYC" ] \
+            && { [ -n "$PYC" ] || [ "$_im_same" = 0 ]; }; then
+            run rm -f "$_im_pyc"
         fi
     done
+    check_writable "$LIBDIR"
+    own_dir "$LIBDIR"
+    own_dir "$CACHEDIR" # else the first run creates it, with that run's umask
+    _im_word=$(install_word "$PYC")
+    if [ "$_im_same" = 1 ]; then
+        say "unchanged: $MODULE"
+        if [ -n "$PYC" ] && own_file "$PYC" -rw-r--r-- && cache_is_valid; then
+            say "unchanged: $PYC"
+        elif [ -n "$PYC" ]; then
+            compile "$MODULE"
+            done_msg "$_im_word" "$PYC"
+        fi
+    else
+        _im_mword=$(install_word "$MODULE")
+        TMP="${LIBDIR}/.gpu_preflight.tmp.$$"
+        run install -d -m 0755 "$TMP"
+        run install -m 0644 "$SOURCE" "$TMP/gpu_preflight.py"
+        if [ -n "$PYC" ]; then
+            compile "$TMP/gpu_preflight.py"
+        fi
+        run mv -f "$TMP/gpu_preflight.py" "$MODULE"
+        done_msg "$_im_mword" "$MODULE"
+        if [ -n "$PYC" ]; then
+            run mv -f "$TMP/__pycache__/${PYC##*/}" "$PYC"
+            run rmdir "$TMP/__pycache__"
+            done_msg "$_im_word" "$PYC"
+        fi
+        run rmdir "$TMP"
+        TMP=
+    fi
     if [ -z "$PYC" ]; then
         say "no bytecode cache (--no-python-check): the first run writes it"
-        return 0
     fi
-    if [ "$MODULE_CHANGED" = 0 ] && cache_is_valid; then
-        say "unchanged: $PYC"
-        return 0
-    fi
-    _ic_word=$(install_word "$PYC")
-    if [ "$HASHED" = 1 ]; then
-        run "$PYTHON" -I -m compileall -q -f -d "$LIB" --invalidation-mode checked-hash "$MODULE"
-    else
-        run "$PYTHON" -I -m compileall -q -f -d "$LIB" "$MODULE"
-    fi
-    done_msg "$_ic_word" "$PYC"
 }
 
-# True when Python would load PYC for MODULE (its own check, whichever kind
-# of pyc) and the code in it names the final path as its source.
+# compile FILE: write the cache of FILE into the __pycache__ beside it.
+compile() {
+    if [ "$HASHED" = 1 ]; then
+        run "$PYTHON" -I -m compileall -q -f -d "$LIB" --invalidation-mode checked-hash "$1"
+    else
+        run "$PYTHON" -I -m compileall -q -f -d "$LIB" "$1"
+    fi
+}
+
+# True when Python would load PYC for MODULE (on 3.7+ as a checked-hash pyc:
+# one of another kind may hold other code) and the code in it is the
+# module's, compiled with the final path as its source name.
 cache_is_valid() {
-    "$PYTHON" -I -c 'import importlib.machinery, marshal, sys
+    "$PYTHON" -I -c 'import importlib.util, marshal, os, sys
 module, pyc, final = sys.argv[1:]
-class Loader(importlib.machinery.SourceFileLoader):
-    def source_to_code(self, *args, **kwargs):
-        sys.exit(1)     # the cache did not match: Python would compile
-Loader("gpu_preflight", module).get_code("gpu_preflight")
+with open(module, "rb") as handle:
+    source = handle.read()
 with open(pyc, "rb") as handle:
-    code = marshal.loads(handle.read()[16 if sys.version_info >= (3, 7) else 12:])
-sys.exit(code.co_filename != final)' "$MODULE" "$PYC" "${LIB}/gpu_preflight.py" \
+    data = handle.read()
+if sys.version_info >= (3, 7):
+    head = b"\3\0\0\0" + importlib.util.source_hash(source)
+else:
+    info = os.stat(module)
+    head = b"".join((int(n) & 0xFFFFFFFF).to_bytes(4, "little")
+                    for n in (info.st_mtime, info.st_size))
+head = importlib.util.MAGIC_NUMBER + head
+code = marshal.loads(data[len(head):]) if data.startswith(head) else None
+sys.exit(code != compile(source, final, "exec", dont_inherit=True)
+         or code.co_filename != final)' "$MODULE" "$PYC" "${LIB}/gpu_preflight.py" \
         >/dev/null 2>&1 </dev/null
 }
 
 install_launcher() {
     _il_text=$(launcher)
-    if [ -f "$TARGET" ] && [ -x "$TARGET" ] && [ ! -L "$TARGET" ] \
-        && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
+    if own_file "$TARGET" -rwxr-xr-x && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
         say "unchanged: $TARGET"
         return 0
     fi
@@ -552,9 +578,27 @@ ensure_dir() {
     fi
 }
 
-# file_mode FILE: its permission string as ls -l shows it (-rw-r--r--).
+# own_dir DIR: make DIR a directory of this user, mode 0755 (2755 is fine).
+own_dir() {
+    if [ ! -d "$1" ]; then
+        run install -d -m 0755 "$1"
+    elif [ ! -O "$1" ]; then
+        err "$1 is owned by another user" \
+            "  Remove it (or chown it to this user), then run install.sh again."
+    elif [ "$(file_mode "$1")" != drwxr-xr-x ] && [ "$(file_mode "$1")" != drwxr-sr-x ]; then
+        run chmod 0755 "$1"
+    fi
+}
+
+# own_file FILE MODE: FILE is a regular file of this user, not a link, with
+# permissions MODE as ls -l shows them: one install.sh may leave as it is.
+own_file() {
+    [ -f "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] && [ "$(file_mode "$1")" = "$2" ]
+}
+
+# file_mode FILE: its permission string as ls -lL shows it (-rw-r--r--).
 file_mode() {
-    _fm=$(ls -ld "$1")
+    _fm=$(ls -ldL "$1")
     printf '%.10s' "$_fm" # without the "." or "+" of an SELinux label or ACL
 }
 
@@ -624,7 +668,7 @@ check_writable() {
 # Remove a temporary file left behind by an interrupted or failed run.
 cleanup() {
     if [ "$DRY_RUN" = 0 ] && [ -n "${TMP:-}" ] && [ -e "$TMP" ]; then
-        rm -f "$TMP"
+        rm -rf "$TMP"
     fi
 }
 
