@@ -78,7 +78,7 @@ main() {
     trap cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
-    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed; do
+    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed id; do
         need_cmd "$_cmd"
     done
     if [ "$DRY_RUN" = 1 ]; then
@@ -92,6 +92,9 @@ main() {
     find_source
     verify_checksum
     find_python
+    if [ -z "$DESTDIR" ] && [ "$(id -u)" = 0 ]; then
+        check_trust
+    fi
     for _path in "$TARGET" "$MODULE" "$PYC"; do # mv -f would move into it
         if [ -d "$_path" ]; then
             err "$_path is a directory (or a link to one); remove it first"
@@ -247,11 +250,13 @@ verify_checksum() {
     say "checksum ok: $SOURCE"
 }
 
-# Set PYTHON to the absolute path of the interpreter the launcher names and
-# PYC to the cache file it reads (empty under --no-python-check).
+# Set PYTHON to the absolute path of the interpreter the launcher names, PYC
+# to the cache file it reads (empty under --no-python-check), and PY_PATHS to
+# where it runs code from: its real path, its standard library, site-packages.
 find_python() {
     PYC=
     HASHED=0
+    PY_PATHS=
     if [ "$NO_PYTHON_CHECK" = 1 ]; then
         check_shebang "$PYTHON"
         return 0
@@ -264,11 +269,15 @@ find_python() {
     fi
     # sys.executable, not the name on PATH: a pyenv shim or a wrapper script
     # could later pick an interpreter that the cache does not match.
-    if ! _fp_info=$("$_fp_found" -I -c 'import sys
+    if ! _fp_info=$("$_fp_found" -I -c 'import os, site, sys
 if sys.version_info >= (3, 6):
     print(sys.executable)
     print(sys.implementation.cache_tag)
-    print(int(sys.version_info >= (3, 7)))' 2>/dev/null </dev/null) || [ -z "$_fp_info" ]; then
+    print(int(sys.version_info >= (3, 7)))
+    print(os.path.realpath(sys.executable))
+    print(os.path.dirname(os.__file__))
+    print("\n".join(getattr(site, "getsitepackages", list)()))' 2>/dev/null </dev/null) \
+        || [ -z "$_fp_info" ]; then
         if ! _fp_version=$("$_fp_found" -c 'import sys; print(sys.version.split()[0])' \
             2>/dev/null </dev/null); then
             _fp_version="(version unknown)"
@@ -278,7 +287,23 @@ if sys.version_info >= (3, 6):
     PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
     PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
     HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
+    PY_PATHS=$(printf '%s\n' "$_fp_info" | sed -n '4,$p')
     check_shebang "$PYTHON"
+}
+
+# Root's every run executes the launcher, the module and the interpreter with
+# its library: refuse to install when another user could change any of them.
+check_trust() {
+    check_trusted "$BINDIR" "$TARGET"
+    check_trusted "$LIBDIR" "$MODULE"
+    while IFS= read -r _ct_path; do
+        if [ -n "$_ct_path" ]; then
+            check_trusted "$_ct_path" "the interpreter $PYTHON"
+        fi
+    done <<EOF
+$PYTHON
+$PY_PATHS
+EOF
 }
 
 check_shebang() {
@@ -663,6 +688,55 @@ check_writable() {
                 "    sh install.sh --prefix \"\$HOME/.local\" --sysconfdir \"\$HOME/.config\""
         fi
     fi
+}
+
+# check_trusted PATH WHAT: fail unless PATH (or the part of it that exists)
+# and every directory above it are owned by root and writable by no one else;
+# a sticky directory such as /tmp is fine above an entry that passes (the rule
+# of gpu_preflight's untrusted(), OpenSSH's StrictModes). The directory a
+# link leads to is checked too.
+check_trusted() {
+    _tr_here=$1
+    while [ ! -e "$_tr_here" ] && [ ! -L "$_tr_here" ]; do
+        _tr_here=${_tr_here%/*}
+        _tr_here=${_tr_here:-/}
+    done
+    _tr_dir=$_tr_here
+    while :; do
+        read -r _tr_mode _ _tr_uid _ <<EOF
+$(ls -ldn "$_tr_here")
+EOF
+        case $_tr_mode in
+            l*) _tr_mode="link" ;; # its owner counts, and where it leads
+            d????????[tT]*) [ "$_tr_here" = "$1" ] || _tr_mode="sticky" ;;
+        esac
+        if [ "$_tr_uid" != 0 ]; then
+            untrusted "$_tr_here is owned by uid $_tr_uid, not root" "chown root $_tr_here" "$2"
+        fi
+        case $_tr_mode in
+            ?????w* | ????????w*)
+                untrusted "$_tr_here is writable by group or others" "chmod go-w $_tr_here" "$2"
+                ;;
+        esac
+        if [ "$_tr_here" = / ]; then
+            break
+        fi
+        _tr_here=${_tr_here%/*}
+        _tr_here=${_tr_here:-/}
+    done
+    if [ ! -d "$_tr_dir" ]; then
+        _tr_dir=${_tr_dir%/*}
+    fi
+    _tr_real=$(cd -P "${_tr_dir:-/}" && pwd -P)
+    if [ "$_tr_real" != "${_tr_dir:-/}" ]; then
+        check_trusted "$_tr_real" "$2"
+    fi
+}
+
+# untrusted WHY FIX WHAT: refuse a root install that another user could change.
+untrusted() {
+    err "$1: another user could change what root runs ($3)" \
+        "  Fix: $2, or choose another place (--prefix DIR, --python PATH)."
 }
 
 # Remove a temporary file left behind by an interrupted or failed run.

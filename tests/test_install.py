@@ -37,7 +37,7 @@ DASH = shutil.which("dash") or SH
 
 #: Commands install.sh needs besides the shell builtins (see main()).
 INSTALL_SH_TOOLS = ("install", "cmp", "mv", "rm", "rmdir", "chmod", "cat", "ls",
-                    "dirname", "grep", "sed")
+                    "dirname", "grep", "sed", "id")
 
 #: The example keys the config must show, commented out.
 EXAMPLE_KEYS = (
