@@ -19,18 +19,20 @@
 # package manager changes the files' timestamps. Python 3.6 has only
 # timestamp pycs: if a packager changes the module's mtime, the first run as
 # root rewrites the cache. After the interpreter itself is upgraded (a new
-# cache tag), run install.sh again.
+# cache tag), run install.sh again. __pycache__ is made 0755 even under
+# --no-python-check: a first run would create it with its own umask.
 #
-# The script is idempotent: what is already in place is left alone
-# ("unchanged"); a changed file is replaced atomically (written to a temporary
-# name in the same directory, then renamed over). An older install that put
+# The script is idempotent: what is already in place, owned by this user with
+# the right mode, is left alone ("unchanged"); anything else is replaced
+# atomically (written to a temporary name in the same directory, then renamed
+# over), a new module only once it compiled. An older install that put
 # the whole script in bin/ is replaced by the launcher. Every command that
 # changes something is printed as "+ command" on stderr; --dry-run only prints
 # them, and its "+ " lines, with that prefix cut, replay as a shell script.
 #
 # Usage:
 #   sh install.sh [--prefix DIR] [--sysconfdir DIR] [--destdir DIR]
-#                 [--python PATH] [--no-config] [--no-python-check]
+#                 [--python PATH [--no-python-check]] [--no-config]
 #                 [--dry-run] [--quiet]
 #   sh install.sh --uninstall [--prefix DIR] [--destdir DIR]
 #   sh install.sh --help
@@ -76,7 +78,7 @@ main() {
     trap cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
-    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed; do
+    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed id; do
         need_cmd "$_cmd"
     done
     if [ "$DRY_RUN" = 1 ]; then
@@ -90,8 +92,15 @@ main() {
     find_source
     verify_checksum
     find_python
+    if [ -z "$DESTDIR" ] && [ "$(id -u)" = 0 ]; then
+        check_trust
+    fi
+    for _path in "$TARGET" "$MODULE" "$PYC"; do # mv -f would move into it
+        if [ -d "$_path" ]; then
+            err "$_path is a directory (or a link to one); remove it first"
+        fi
+    done
     install_module
-    install_cache
     install_launcher
     if [ "$NO_CONFIG" = 0 ]; then
         install_config
@@ -117,8 +126,9 @@ Options:
                       on PATH); it also writes the bytecode cache
   --no-config         do not install the example config file
   --no-python-check   do not run Python at all: no version check and no
-                      bytecode cache (the first run writes it); the launcher
-                      names --python, else python3 as found on PATH
+                      bytecode cache (the first run writes it); needs
+                      --python, the interpreter the launcher names (a name
+                      found on PATH may be a pyenv shim or a wrapper)
   --uninstall         remove the command, the module and its cache; the
                       config file is kept
   --dry-run           print what would be done, change nothing
@@ -166,6 +176,9 @@ parse_args() {
         esac
         shift
     done
+    if [ "$NO_PYTHON_CHECK" = 1 ] && [ -z "$PYTHON" ]; then
+        usage_err "--no-python-check needs --python PATH (the interpreter the launcher names)"
+    fi
 }
 
 set_option() {
@@ -187,10 +200,11 @@ resolve_paths() {
         /*) ;;
         *) usage_err "SYSCONFDIR must be an absolute path, got '$SYSCONFDIR'" ;;
     esac
-    case $PREFIX in # it is written into the launcher as a Python string
-        *[\"\\]* | *'
-'*) usage_err "PREFIX must not contain a quote, a backslash or a newline" ;;
-    esac
+    # PREFIX goes into the launcher as a Python string: printable ASCII only
+    # (a carriage return or a byte that is not UTF-8 makes it unreadable)
+    if ! (LC_ALL=C && case $PREFIX in *[\"\\]* | *[![:print:]]*) exit 1 ;; esac); then
+        usage_err "PREFIX must not contain a quote, a backslash or a character that is not printable ASCII"
+    fi
     while [ "${PREFIX%/}" != "$PREFIX" ]; do PREFIX=${PREFIX%/}; done
     while [ "${SYSCONFDIR%/}" != "$SYSCONFDIR" ]; do SYSCONFDIR=${SYSCONFDIR%/}; done
     while [ "${DESTDIR%/}" != "$DESTDIR" ]; do DESTDIR=${DESTDIR%/}; done
@@ -236,12 +250,14 @@ verify_checksum() {
     say "checksum ok: $SOURCE"
 }
 
-# Set PYTHON to the absolute path of the interpreter the launcher names and
-# PYC to the cache file it reads (empty under --no-python-check).
+# Set PYTHON to the absolute path of the interpreter the launcher names, PYC
+# to the cache file it reads (empty under --no-python-check), and PY_PATHS to
+# where it runs code from: its real path, its standard library, site-packages.
 find_python() {
     PYC=
     HASHED=0
-    if [ "$NO_PYTHON_CHECK" = 1 ] && [ -n "$PYTHON" ]; then
+    PY_PATHS=
+    if [ "$NO_PYTHON_CHECK" = 1 ]; then
         check_shebang "$PYTHON"
         return 0
     fi
@@ -251,18 +267,17 @@ find_python() {
         fi
         python_hint "python3 not found on PATH"
     fi
-    if [ "$NO_PYTHON_CHECK" = 1 ]; then
-        PYTHON=$_fp_found
-        check_shebang "$PYTHON"
-        return 0
-    fi
     # sys.executable, not the name on PATH: a pyenv shim or a wrapper script
     # could later pick an interpreter that the cache does not match.
-    if ! _fp_info=$("$_fp_found" -I -c 'import sys
+    if ! _fp_info=$("$_fp_found" -I -c 'import os, site, sys
 if sys.version_info >= (3, 6):
     print(sys.executable)
     print(sys.implementation.cache_tag)
-    print(int(sys.version_info >= (3, 7)))' 2>/dev/null </dev/null) || [ -z "$_fp_info" ]; then
+    print(int(sys.version_info >= (3, 7)))
+    print(os.path.realpath(sys.executable))
+    print(os.path.dirname(os.__file__))
+    print("\n".join(getattr(site, "getsitepackages", list)()))' 2>/dev/null </dev/null) \
+        || [ -z "$_fp_info" ]; then
         if ! _fp_version=$("$_fp_found" -c 'import sys; print(sys.version.split()[0])' \
             2>/dev/null </dev/null); then
             _fp_version="(version unknown)"
@@ -272,7 +287,23 @@ if sys.version_info >= (3, 6):
     PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
     PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
     HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
+    PY_PATHS=$(printf '%s\n' "$_fp_info" | sed -n '4,$p')
     check_shebang "$PYTHON"
+}
+
+# Root's every run executes the launcher, the module and the interpreter with
+# its library: refuse to install when another user could change any of them.
+check_trust() {
+    check_trusted "$BINDIR" "$TARGET"
+    check_trusted "$LIBDIR" "$MODULE"
+    while IFS= read -r _ct_path; do
+        if [ -n "$_ct_path" ]; then
+            check_trusted "$_ct_path" "the interpreter $PYTHON"
+        fi
+    done <<EOF
+$PYTHON
+$PY_PATHS
+EOF
 }
 
 check_shebang() {
@@ -293,67 +324,92 @@ python_hint() {
         "  Or name another Python 3.6+ interpreter: sh install.sh --python /path/to/python3"
 }
 
+# The module and its bytecode cache, written by the launcher's interpreter as
+# Python itself would (same file name, same invalidation check) but naming the
+# final path as its source. A new module is compiled in a staging directory
+# beside it first: a source that does not compile replaces nothing. Any cache
+# another interpreter (or -O) left is removed.
 install_module() {
-    MODULE_CHANGED=0
-    if [ -f "$MODULE" ] && [ ! -L "$MODULE" ] && cmp -s "$SOURCE" "$MODULE" \
-        && [ "$(file_mode "$MODULE")" = "-rw-r--r--" ]; then
-        say "unchanged: $MODULE"
-        return 0
+    _im_same=0
+    if own_file "$MODULE" -rw-r--r-- && cmp -s "$SOURCE" "$MODULE"; then
+        _im_same=1
     fi
-    MODULE_CHANGED=1
-    check_writable "$LIBDIR"
-    ensure_dir "$LIBDIR"
-    _im_word=$(install_word "$MODULE")
-    put "$MODULE" 0644 --from "$SOURCE"
-    done_msg "$_im_word" "$MODULE"
-}
-
-# Byte-compile the module with the launcher's interpreter, as Python itself
-# would (same file name, same invalidation check), but naming the final path
-# as its source; remove any cache another interpreter (or -O) left.
-install_cache() {
-    for _ic_pyc in "$CACHEDIR"/gpu_preflight.*.pyc; do
-        if [ -e "$_ic_pyc" ] && [ "$_ic_pyc" != "$PYC" ] \
-            && { [ -n "$PYC" ] || [ "$MODULE_CHANGED" = 1 ]; }; then
-            run rm -f "$_ic_pyc"
+    for _im_pyc in "$CACHEDIR"/gpu_preflight.*.pyc; do
+        if [ -e "$_im_pyc" ] && [ "$_im_pyc" != "$PYC" ] \
+            && { [ -n "$PYC" ] || [ "$_im_same" = 0 ]; }; then
+            run rm -f "$_im_pyc"
         fi
     done
+    check_writable "$LIBDIR"
+    own_dir "$LIBDIR"
+    own_dir "$CACHEDIR" # else the first run creates it, with that run's umask
+    _im_word=$(install_word "$PYC")
+    if [ "$_im_same" = 1 ]; then
+        say "unchanged: $MODULE"
+        if [ -n "$PYC" ] && own_file "$PYC" -rw-r--r-- && cache_is_valid; then
+            say "unchanged: $PYC"
+        elif [ -n "$PYC" ]; then
+            compile "$MODULE"
+            done_msg "$_im_word" "$PYC"
+        fi
+    else
+        _im_mword=$(install_word "$MODULE")
+        TMP="${LIBDIR}/.gpu_preflight.tmp.$$"
+        run install -d -m 0755 "$TMP"
+        run install -m 0644 "$SOURCE" "$TMP/gpu_preflight.py"
+        if [ -n "$PYC" ]; then
+            compile "$TMP/gpu_preflight.py"
+        fi
+        run mv -f "$TMP/gpu_preflight.py" "$MODULE"
+        done_msg "$_im_mword" "$MODULE"
+        if [ -n "$PYC" ]; then
+            run mv -f "$TMP/__pycache__/${PYC##*/}" "$PYC"
+            run rmdir "$TMP/__pycache__"
+            done_msg "$_im_word" "$PYC"
+        fi
+        run rmdir "$TMP"
+        TMP=
+    fi
     if [ -z "$PYC" ]; then
         say "no bytecode cache (--no-python-check): the first run writes it"
-        return 0
     fi
-    if [ "$MODULE_CHANGED" = 0 ] && cache_is_valid; then
-        say "unchanged: $PYC"
-        return 0
-    fi
-    _ic_word=$(install_word "$PYC")
-    if [ "$HASHED" = 1 ]; then
-        run "$PYTHON" -I -m compileall -q -f -d "$LIB" --invalidation-mode checked-hash "$MODULE"
-    else
-        run "$PYTHON" -I -m compileall -q -f -d "$LIB" "$MODULE"
-    fi
-    done_msg "$_ic_word" "$PYC"
 }
 
-# True when Python would load PYC for MODULE (its own check, whichever kind
-# of pyc) and the code in it names the final path as its source.
+# compile FILE: write the cache of FILE into the __pycache__ beside it.
+compile() {
+    if [ "$HASHED" = 1 ]; then
+        run "$PYTHON" -I -m compileall -q -f -d "$LIB" --invalidation-mode checked-hash "$1"
+    else
+        run "$PYTHON" -I -m compileall -q -f -d "$LIB" "$1"
+    fi
+}
+
+# True when Python would load PYC for MODULE (on 3.7+ as a checked-hash pyc:
+# one of another kind may hold other code) and the code in it is the
+# module's, compiled with the final path as its source name.
 cache_is_valid() {
-    "$PYTHON" -I -c 'import importlib.machinery, marshal, sys
+    "$PYTHON" -I -c 'import importlib.util, marshal, os, sys
 module, pyc, final = sys.argv[1:]
-class Loader(importlib.machinery.SourceFileLoader):
-    def source_to_code(self, *args, **kwargs):
-        sys.exit(1)     # the cache did not match: Python would compile
-Loader("gpu_preflight", module).get_code("gpu_preflight")
+with open(module, "rb") as handle:
+    source = handle.read()
 with open(pyc, "rb") as handle:
-    code = marshal.loads(handle.read()[16 if sys.version_info >= (3, 7) else 12:])
-sys.exit(code.co_filename != final)' "$MODULE" "$PYC" "${LIB}/gpu_preflight.py" \
+    data = handle.read()
+if sys.version_info >= (3, 7):
+    head = b"\3\0\0\0" + importlib.util.source_hash(source)
+else:
+    info = os.stat(module)
+    head = b"".join((int(n) & 0xFFFFFFFF).to_bytes(4, "little")
+                    for n in (info.st_mtime, info.st_size))
+head = importlib.util.MAGIC_NUMBER + head
+code = marshal.loads(data[len(head):]) if data.startswith(head) else None
+sys.exit(code != compile(source, final, "exec", dont_inherit=True)
+         or code.co_filename != final)' "$MODULE" "$PYC" "${LIB}/gpu_preflight.py" \
         >/dev/null 2>&1 </dev/null
 }
 
 install_launcher() {
     _il_text=$(launcher)
-    if [ -f "$TARGET" ] && [ -x "$TARGET" ] && [ ! -L "$TARGET" ] \
-        && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
+    if own_file "$TARGET" -rwxr-xr-x && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
         say "unchanged: $TARGET"
         return 0
     fi
@@ -547,9 +603,27 @@ ensure_dir() {
     fi
 }
 
-# file_mode FILE: its permission string as ls -l shows it (-rw-r--r--).
+# own_dir DIR: make DIR a directory of this user, mode 0755 (2755 is fine).
+own_dir() {
+    if [ ! -d "$1" ]; then
+        run install -d -m 0755 "$1"
+    elif [ ! -O "$1" ]; then
+        err "$1 is owned by another user" \
+            "  Remove it (or chown it to this user), then run install.sh again."
+    elif [ "$(file_mode "$1")" != drwxr-xr-x ] && [ "$(file_mode "$1")" != drwxr-sr-x ]; then
+        run chmod 0755 "$1"
+    fi
+}
+
+# own_file FILE MODE: FILE is a regular file of this user, not a link, with
+# permissions MODE as ls -l shows them: one install.sh may leave as it is.
+own_file() {
+    [ -f "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] && [ "$(file_mode "$1")" = "$2" ]
+}
+
+# file_mode FILE: its permission string as ls -lL shows it (-rw-r--r--).
 file_mode() {
-    _fm=$(ls -ld "$1")
+    _fm=$(ls -ldL "$1")
     printf '%.10s' "$_fm" # without the "." or "+" of an SELinux label or ACL
 }
 
@@ -599,7 +673,10 @@ empty_after() {
 check_writable() {
     _cw_dir=$1
     while [ ! -d "$_cw_dir" ]; do
-        _cw_dir=${_cw_dir%/*}
+        case $_cw_dir in
+            */*) _cw_dir=${_cw_dir%/*} ;;
+            *) _cw_dir=. ;; # a relative DESTDIR: below the working directory
+        esac
         _cw_dir=${_cw_dir:-/}
     done
     if [ ! -w "$_cw_dir" ]; then
@@ -613,10 +690,59 @@ check_writable() {
     fi
 }
 
+# check_trusted PATH WHAT: fail unless PATH (or the part of it that exists)
+# and every directory above it are owned by root and writable by no one else;
+# a sticky directory such as /tmp is fine above an entry that passes (the rule
+# of gpu_preflight's untrusted(), OpenSSH's StrictModes). The directory a
+# link leads to is checked too.
+check_trusted() {
+    _tr_here=$1
+    while [ ! -e "$_tr_here" ] && [ ! -L "$_tr_here" ]; do
+        _tr_here=${_tr_here%/*}
+        _tr_here=${_tr_here:-/}
+    done
+    _tr_dir=$_tr_here
+    while :; do
+        read -r _tr_mode _ _tr_uid _ <<EOF
+$(ls -ldn "$_tr_here")
+EOF
+        case $_tr_mode in
+            l*) _tr_mode="link" ;; # its owner counts, and where it leads
+            d????????[tT]*) [ "$_tr_here" = "$1" ] || _tr_mode="sticky" ;;
+        esac
+        if [ "$_tr_uid" != 0 ]; then
+            untrusted "$_tr_here is owned by uid $_tr_uid, not root" "chown root $_tr_here" "$2"
+        fi
+        case $_tr_mode in
+            ?????w* | ????????w*)
+                untrusted "$_tr_here is writable by group or others" "chmod go-w $_tr_here" "$2"
+                ;;
+        esac
+        if [ "$_tr_here" = / ]; then
+            break
+        fi
+        _tr_here=${_tr_here%/*}
+        _tr_here=${_tr_here:-/}
+    done
+    if [ ! -d "$_tr_dir" ]; then
+        _tr_dir=${_tr_dir%/*}
+    fi
+    _tr_real=$(cd -P "${_tr_dir:-/}" && pwd -P)
+    if [ "$_tr_real" != "${_tr_dir:-/}" ]; then
+        check_trusted "$_tr_real" "$2"
+    fi
+}
+
+# untrusted WHY FIX WHAT: refuse a root install that another user could change.
+untrusted() {
+    err "$1: another user could change what root runs ($3)" \
+        "  Fix: $2, or choose another place (--prefix DIR, --python PATH)."
+}
+
 # Remove a temporary file left behind by an interrupted or failed run.
 cleanup() {
     if [ "$DRY_RUN" = 0 ] && [ -n "${TMP:-}" ] && [ -e "$TMP" ]; then
-        rm -f "$TMP"
+        rm -rf "$TMP"
     fi
 }
 

@@ -5,7 +5,8 @@ tool, as written (the fenced blocks are read from README.md, never retyped),
 with the real tool, and then proves what the recipe deployed:
 
   - the files: byte-identical to gpu_preflight.py, with the recipe's modes,
-    owned by root; the fast layout's launcher as install.sh writes it;
+    owned by root; the fast layout's launcher as install.sh writes it, and
+    its __pycache__ directory made 0755 by the recipe (as install.sh does);
   - `/usr/local/bin/gpu_preflight --version` runs in cron's environment
     (env -i PATH=/usr/bin:/bin), and in the fast layout leaves the bytecode
     cache beside the module;
@@ -48,6 +49,7 @@ DEBIAN_PYTHON = test_cron.DEBIAN_PYTHON
 COMMAND = "/usr/local/bin/gpu_preflight"
 MODULE_DIR = "/usr/local/lib/gpu_preflight"
 MODULE = MODULE_DIR + "/gpu_preflight.py"
+CACHE_DIR = MODULE_DIR + "/__pycache__"
 CRON_FILE = "/etc/cron.d/gpu-batch"
 JOB = "/opt/jobs/batch.sh"
 OLLAMA_PORT = 11434              # Ollama's default, in the cron run's own netns
@@ -293,6 +295,10 @@ class DeployChecks(object):
                 self.assertEqual(sorted(os.listdir(host.path("/usr/local/lib"))), [])
             else:
                 self.assert_file(host, MODULE, 0o644, source)
+                # the cache directory too, empty until the first run: else
+                # that run creates it with its own umask (0777 under umask 000)
+                self.assert_dir(host, MODULE_DIR, ["__pycache__", "gpu_preflight.py"])
+                self.assert_dir(host, CACHE_DIR, [])
                 launcher = read(host.path(COMMAND))
                 self.assert_file(host, COMMAND, 0o755, launcher)
                 self.assertTrue(launcher.startswith(b"#!" + DEBIAN_PYTHON.encode() + b" -I\n"),
@@ -311,7 +317,7 @@ class DeployChecks(object):
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self.assertEqual((status, out), (0, proc.stdout.decode()))
             if layout == "fast":
-                caches = glob.glob(host.path(MODULE_DIR + "/__pycache__/gpu_preflight.*.pyc"))
+                caches = glob.glob(host.path(CACHE_DIR + "/gpu_preflight.*.pyc"))
                 self.assertEqual(len(caches), 1, "no bytecode cache after a run as root")
 
         changed, output = self.apply(host, tool, text)
@@ -335,6 +341,14 @@ class DeployChecks(object):
                          (oct(mode), 0, 0), path)
         self.assertTrue(read(host.path(path)) == content,
                         "%s is not byte-identical to what was meant" % path)
+
+    def assert_dir(self, host, path, names):
+        """path: a directory, mode 0755, owned by root, holding names."""
+        info = os.lstat(host.path(path))
+        self.assertTrue(stat.S_ISDIR(info.st_mode), path + " is not a directory")
+        self.assertEqual((oct(stat.S_IMODE(info.st_mode)), info.st_uid, info.st_gid),
+                         (oct(0o755), 0, 0), path)
+        self.assertEqual(sorted(os.listdir(host.path(path))), names, path)
 
     def cron_entry(self, host):
         """The one entry of the cron.d file the recipe wrote (a root-owned

@@ -55,7 +55,8 @@ class SaltTest(cfg_harness.DeployChecks, unittest.TestCase):
         with open(result) as handle:
             states = json.load(handle)["local"]
         self.assertIsInstance(states, dict, states)
-        self.assertEqual(len(states), text.count("file.managed:"), states)
+        self.assertEqual(len(states), text.count("file.managed:")
+                         + text.count("file.directory:"), states)
         failed = [key for key, value in states.items() if value.get("result") is not True]
         self.assertEqual(failed, [], json.dumps(states, indent=1))
         return any(value.get("changes") for value in states.values()), \
