@@ -344,9 +344,7 @@ class Run(object):
         left = self.deadline_at - now
         what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
         if left <= 0:
-            self.cut = True
-            raise Fail(EX_TEMPFAIL, "deadline of %gs reached before %s"
-                       % (self.opts.deadline, what), name)
+            raise Fail(EX_TEMPFAIL, self.deadline_text("before " + what), name)
         budget = min(timeout or self.opts.timeout, left)
         stage = Stage(name, now, now + budget, optional, what, model)
         self.current = stage
@@ -422,12 +420,16 @@ class Run(object):
             self.code, self.stage, self.reason, self.notes = code, "command", why, []
             self.unchanged = False
 
+    def deadline_text(self, when):
+        """The reason of a run that --deadline cut (when: where it was)."""
+        self.cut = True
+        return "deadline of %gs reached %s" % (self.opts.deadline, when)
+
     def timeout_reason(self, stage):
         """Why a stage ran out of time, with the cold-model fix when it applies."""
         budget = stage.ends_at - stage.started
         if budget < self.opts.timeout - 1e-3:
-            self.cut = True
-            text = "deadline of %gs reached during %s" % (self.opts.deadline, stage.what)
+            text = self.deadline_text("during " + stage.what)
             if self.before:
                 text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
                                                           self.before)
@@ -488,9 +490,7 @@ def supervise(run, work):
         elif stage is not None and run.current is stage:
             run.expire(stage)
         elif time.monotonic() >= run.deadline_at:
-            run.cut = True
-            run.decide(EX_TEMPFAIL, None, "deadline of %gs reached between stages"
-                       % run.opts.deadline)
+            run.decide(EX_TEMPFAIL, None, run.deadline_text("between stages"))
     return run.code
 
 
@@ -845,7 +845,7 @@ def model_list(doc, what):
     """The model names of a /api/tags or /api/ps answer."""
     models = doc.get("models")
     if not isinstance(models, list):
-        raise Fail(EX_CONFIG, "not an Ollama server: %s has no models list" % what)
+        raise Fail(EX_CONFIG, not_server("ollama", "%s has no models list" % what))
     return [m for m in models if isinstance(m, dict) and _name(m)]
 
 
@@ -1013,8 +1013,7 @@ def served_models(doc):
     shapes), each with its id as "name"; the router's carry a status."""
     data = doc.get("data", doc.get("models"))
     if data is not None and not isinstance(data, list):
-        raise Fail(EX_CONFIG, "not an OpenAI-compatible server: GET /v1/models "
-                   "has no data list")
+        raise Fail(EX_CONFIG, not_server("openai", "GET /v1/models has no data list"))
     entries = [dict(m, name=_name({"name": m.get("id")}) or _name(m))
                for m in data or () if isinstance(m, dict)]
     return [e for e in entries if e["name"]]
@@ -1160,9 +1159,8 @@ class Client(object):
             raise not_json("%s %s%s" % (method, path, " for " + about if about else ""),
                            body, exc)
         if not isinstance(doc, dict):
-            raise Fail(EX_CONFIG, "not an %s server: %s %s did not answer a JSON "
-                       "object" % ("OpenAI-compatible" if self.api == "openai"
-                                   else "Ollama", method, path))
+            raise Fail(EX_CONFIG, not_server(self.api, "%s %s did not answer a JSON "
+                                             "object" % (method, path)))
         return doc
 
 
@@ -1216,8 +1214,7 @@ def classify_answer(what, status, body, api="ollama"):
     if status in (401, 407):
         return EX_CONFIG, "%s: %d authentication required: %s" % (what, status, quoted)
     if status in (404, 405) and not is_json:
-        return EX_CONFIG, ("not an %s server: %s answered %d %s" % (
-            "OpenAI-compatible" if api == "openai" else "Ollama", what, status, quoted))
+        return EX_CONFIG, not_server(api, "%s answered %d %s" % (what, status, quoted))
     if status == 503 and what == "GET /health" and not body.strip():
         return EX_UNAVAILABLE, ("GET /health: 503 with no body: the engine is dead "
                                 "(vLLM's EngineDeadError); restart the server")
@@ -1275,6 +1272,11 @@ def classify_exception(exc, what, url, api="ollama"):
     if isinstance(exc, OSError):
         return EX_UNAVAILABLE, "%s: network error: %s" % (what, sanitise(exc))
     return EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, sanitise(exc))
+
+
+def not_server(api, why):
+    return "not an %s server: %s" % ("OpenAI-compatible" if api == "openai" else "Ollama",
+                                     why)
 
 
 def not_json(what, body, exc=None):
@@ -2098,12 +2100,20 @@ def take_lock(path):
                    "such as /run" % (sanitise(path), user_name(info.st_uid)), "lock")
     if info.st_uid == os.geteuid() and info.st_mode & 0o077:
         os.fchmod(fd, 0o600)                # an older version's 0644 lock
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
-    except OSError:
+    if not try_flock(fd):
         os.close(fd)
         raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
     return fd
+
+
+def try_flock(fd):
+    """Take an exclusive flock on fd without waiting; whether it was free."""
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
+    except OSError:
+        return False
+    return True
 
 
 def keep_state(run, shared):
@@ -2183,7 +2193,6 @@ class Shared(object):
         """Take the flight lock, waiting (to the deadline) while another
         caller checks, then look at the state again: returns a verdict to
         reuse, or None when this caller is to check."""
-        import fcntl
         try:
             fd = open_no_follow(self.base + ".lock", 0o600)
         except OSError as exc:      # checked alone, as without --share-result
@@ -2191,17 +2200,13 @@ class Shared(object):
                 self.base, exc.strerror or exc))
             return None
         since, waited = time.time(), False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin
-                break
-            except OSError:
-                if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
-                    os.close(fd)
-                    raise Fail(EX_TEMPFAIL, "deadline of %gs reached waiting for "
-                               "another caller's check" % run.opts.deadline, "shared")
-                waited = True
-                time.sleep(FLIGHT_POLL)
+        while not try_flock(fd):
+            if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
+                os.close(fd)
+                raise Fail(EX_TEMPFAIL, run.deadline_text("waiting for another caller's "
+                                                          "check"), "shared")
+            waited = True
+            time.sleep(FLIGHT_POLL)
         self.flight = fd
         self.previous = read_state(self.base + ".json")
         return self.reusable(since if waited else None)
@@ -3459,13 +3464,21 @@ def open_no_follow(path, mode=0o644):
     """A descriptor of a regular file, created with mode when missing; a
     symlink at path is never followed (raises OSError, ELOOP)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)  # novermin
-        os.fchmod(fd, mode)         # not narrowed by the umask
+        fd = create_no_follow(path, mode, os.O_RDONLY)
     except FileExistsError:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # novermin
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(0, "not a regular file")
+    return fd
+
+
+def create_no_follow(path, mode, flags, dir_fd=None):
+    """A new file's descriptor, with mode whatever the umask; never through a
+    symlink, never one that exists (FileExistsError)."""
+    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,  # novermin
+                 dir_fd=dir_fd)
+    os.fchmod(fd, mode)
     return fd
 
 
@@ -3484,11 +3497,9 @@ def write_atomic(path, data, mode):
             raise OSError(0, "%s is %s's or others can write it" % (
                 directory or ".", user_name(info.st_uid)))
         tmp = ".%s.%d.tmp" % (name, os.getpid())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,  # novermin
-                     dir_fd=dfd)
+        fd = create_no_follow(tmp, mode, os.O_WRONLY, dfd)
         try:
             try:
-                os.fchmod(fd, mode)     # not narrowed by the umask
                 while data:
                     data = data[os.write(fd, data):]
             finally:
