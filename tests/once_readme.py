@@ -46,10 +46,16 @@ What is run, and what is substituted (said where it happens):
   - The GPU example `--gpu --min-free-mib 20000 --max-util 30`: as written,
     with the fake libnvidia-ml.so.1 (tests/fake_nvml.c) installed in the
     container's /usr/lib/<multiarch>/, where the driver's library goes.
-Not run here: the `--api auto --host https://llm.example.org` line (needs a
-CA in the system store and a TLS server on port 443: parsed only, by
-tests/test_recipes.py) and the `--gpu-id GPU-8f3a,1` line (no fake GPU has
-that UUID).
+  - The `GPU_PREFLIGHT_TOKEN_FILE=/etc/gpu_preflight.token ... --api auto
+    --host https://llm.example.org` example: as written, with
+    llm.example.org resolving to 127.0.0.1 (/etc/hosts), the test CA
+    appended to the container's system bundle
+    (/etc/ssl/certs/ca-certificates.crt), a certificate for that name, and
+    the vLLM emulator requiring the token behind a TLS proxy on port 443;
+    the token file root's 0600. A wrong token: 78, no job, no token in
+    the journal.
+Not run here: the `--gpu-id GPU-8f3a,1` line (no fake GPU has that UUID;
+parsed by tests/test_recipes.py).
 
 Needs root, unshare/nsenter/setpriv/pivot_root, a writable cgroup2, the
 machine's systemd, cron, rsyslog, faketime, gcc; in CI a missing one fails.
@@ -71,6 +77,7 @@ import daemons
 import fakes
 import support
 import test_cron
+import tls_util
 
 README = os.path.join(support.REPO, "README.md")
 PYTHON = test_cron.DEBIAN_PYTHON          # the host's python3, as root's PATH finds it
@@ -83,6 +90,26 @@ JOB = """#!/bin/sh
 printf '%%s uid=%%s invocation=%%s\\n' "$0" "$(id -u)" "${INVOCATION_ID:-}" >> %s
 """
 CRON_WAIT = 30.0                        # faketime: cron's line runs after ~3 s
+TOKEN = "gpfl-readme-token-7f3c9a2e41"  # the bearer token of the TLS example
+#: Run by the container's python3 in its network namespace: the vLLM
+#: emulator (requiring TOKEN) behind a TLS proxy on 127.0.0.1:443 with a
+#: certificate for llm.example.org. argv: tests dir, cert, key, token.
+TLS_SERVER = r"""
+import signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+from openai_emu import OpenAIEmulator
+from tls_util import TLSProxy
+emu = OpenAIEmulator(flavour="vllm", token=sys.argv[4], port=0).start()
+proxy = TLSProxy(emu.url, sys.argv[2], sys.argv[3], port=443).start()
+print("tls vllm: %s backend=%s" % (proxy.url, emu.url))
+sys.stdout.flush()
+done = threading.Event()
+signal.signal(signal.SIGTERM, lambda *args: done.set())
+while not done.wait(0.2):
+    pass
+proxy.stop()
+emu.stop()
+"""
 USER = "gpfluser"                       # made in the container's /etc/passwd
 USER_PATH = "/usr/local/bin:/usr/bin:/bin"   # Debian's PATH for a user login
 
@@ -198,7 +225,7 @@ class ContainerCase(unittest.TestCase):
                                 start_new_session=True)
         self.addCleanup(stop, proc)
         first = read_line(proc, 15, name)
-        match = re.match(r"^%s: (http://\S+) " % name, first)
+        match = re.match(r"^%s: (https?://\S+) " % name, first)
         self.assertTrue(match, first)
         proc.url = match.group(1)
         return proc
@@ -604,6 +631,63 @@ class ExamplesTest(ContainerCase):
         self.assertEqual([(f["result"], f["api"], f["host"]) for f in said],
                          [("ready", "openai", "http://gpu1:8000"),
                           ("skip", "openai", "http://gpu1:8000")], said)
+
+    def test_tls_token_auto_line_as_written_with_a_ca_in_the_system_store(self):
+        line = self.example(r"--api auto --host https://llm\.example\.org ")
+        token_file = re.match(r"^GPU_PREFLIGHT_TOKEN_FILE=(\S+) ", line).group(1)
+        job = re.search(r"&& (/\S+)$", line).group(1)
+        openssl = support.require_tool(self, "openssl")
+        ca = tls_util.make_test_ca(os.path.join(self.work, "ca"))
+        cert, key = self.named_cert(openssl, ca, "llm.example.org")
+        self.install()
+        self.job(job)
+        # the container's name for the server, and its CA in the system store
+        # (Debian's bundle, which OpenSSL's default paths name)
+        with open(self.container.path("/etc/hosts"), "a") as handle:
+            handle.write("127.0.0.1 llm.example.org\n")
+        with open(self.container.path("/etc/ssl/certs/ca-certificates.crt"), "a") as handle:
+            handle.write(read_bytes(ca["ca"]).decode("ascii"))
+        self.write(token_file, TOKEN + "\n", 0o600)
+        self.server([PYTHON, "-c", TLS_SERVER, support.TESTS, cert, key, TOKEN], "tls vllm")
+        status, out = self.line(line)
+        self.assertEqual((status, out), (0, ""))
+        self.assertEqual(len(self.runs(job)), 1)
+        self.write(token_file, "not-" + TOKEN + "\n", 0o600)
+        status, out = self.line(line)
+        self.assertEqual(status, 78, out)
+        self.assertEqual(len(self.runs(job)), 1, "the job ran with a token refused")
+        said = [fields_of(l) for l in self.journal("-t", "gpu_preflight", "-o", "cat")
+                .splitlines()]
+        self.assertEqual([(f["result"], f["code"], f.get("api"), f["host"]) for f in said],
+                         [("ready", "0", "openai", "https://llm.example.org:443"),
+                          ("skip", "78", "openai", "https://llm.example.org:443")], said)
+        self.assertIn("check the token", said[1]["reason"])
+        self.assertNotIn(TOKEN[:8], self.journal("-t", "gpu_preflight"))
+
+    def named_cert(self, openssl, ca, name):
+        """(cert, key) for DNS name `name`, signed by the test CA."""
+        folder = ca["dir"]
+        ext = os.path.join(folder, "named.cnf")
+        with open(ext, "w") as handle:
+            handle.write("basicConstraints = critical, CA:FALSE\n"
+                         "keyUsage = critical, digitalSignature\n"
+                         "extendedKeyUsage = serverAuth\n"
+                         "subjectAltName = DNS:%s\n"
+                         "subjectKeyIdentifier = hash\n"
+                         "authorityKeyIdentifier = keyid\n" % name)
+        key, csr, cert = [os.path.join(folder, "named." + ext_) for ext_ in
+                          ("key", "csr", "pem")]
+        for argv in (["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                      "-out", key],
+                     ["req", "-new", "-key", key, "-subj", "/CN=%s" % name, "-out", csr],
+                     ["x509", "-req", "-in", csr, "-CA", ca["ca"], "-CAkey", ca["ca_key"],
+                      "-set_serial", "10", "-days", "30", "-sha256", "-extfile", ext,
+                      "-out", cert]):
+            proc = subprocess.Popen([openssl] + argv, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            out = proc.communicate()[0]
+            self.assertEqual(proc.returncode, 0, out)
+        return cert, key
 
     def test_gpu_line_as_written_with_the_fake_driver_library(self):
         line = self.example(r"gpu_preflight --gpu --min-free-mib ")
