@@ -15,9 +15,13 @@ Nothing here changes the machine outside the test's temp directory:
     spool, pid and log files under the temp directory and free loopback ports.
   - NodeExporter runs prometheus-node-exporter with only the textfile
     collector on a free 127.0.0.1 port.
+  - SystemdContainer boots the machine's own systemd as PID 1 of private
+    PID, mount, network, UTS, IPC and cgroup namespaces, on a root that is an
+    overlay of / with a tmpfs on top (see its docstring).
 Standard library only; these run once per suite, under /usr/bin/python3.
 """
 
+import errno
 import os
 import pwd
 import re
@@ -462,3 +466,277 @@ def parse_exposition(text):
                       for k, v in _LABEL.findall(match.group(2) or ""))
         samples.setdefault(match.group(1), []).append((labels, float(match.group(3))))
     return samples
+
+
+# Run by /bin/sh as PID 1 of new PID, mount, network, UTS, IPC and cgroup
+# namespaces: $1 the work directory (a tmpfs goes on $1/c), $2 the checkout,
+# $3 the unit the container boots. Everything systemd may write is made
+# private first: the root is an overlay of / whose upper layer is that tmpfs,
+# /run, /tmp and /dev are fresh tmpfs, /proc and /sys are this namespace's own
+# with /proc/sys, /proc/sysrq-trigger and all of /sys read-only, cgroup2 is
+# the namespace's own subtree. Then pivot_root, the host's tree detached, and
+# systemd starts without the capabilities that reach the host's kernel from
+# any namespace (modules, clock, raw I/O, the kernel log, audit).
+SYSTEMD_SETUP = r"""
+set -eu
+work=$1 repo=$2 unit=$3
+c=$work/c
+mount -t tmpfs -o mode=0755 tmpfs "$c"
+mkdir "$c/upper" "$c/work" "$c/root"
+mount -t overlay overlay -o "lowerdir=/,upperdir=$c/upper,workdir=$c/work" "$c/root"
+r=$c/root
+mount --rbind "$repo" "$r$repo"
+mount -o remount,bind,ro "$r$repo"
+mount -t proc -o nosuid,nodev,noexec proc "$r/proc"
+for p in sys sysrq-trigger; do
+    [ -e "$r/proc/$p" ] || continue
+    mount --bind "$r/proc/$p" "$r/proc/$p"
+    mount -o remount,bind,ro "$r/proc/$p"
+done
+mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$r/sys"
+mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$r/sys/fs/cgroup"
+mount -t tmpfs -o mode=0755,nosuid tmpfs "$r/dev"
+for node in null zero full random urandom tty; do
+    : > "$r/dev/$node"
+    mount --bind "/dev/$node" "$r/dev/$node"
+done
+mkdir -m 1777 "$r/dev/shm"
+mkdir "$r/dev/pts"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$r/dev/pts"
+ln -s pts/ptmx "$r/dev/ptmx"
+ln -s /proc/self/fd "$r/dev/fd"
+ln -s /proc/self/fd/0 "$r/dev/stdin"
+ln -s /proc/self/fd/1 "$r/dev/stdout"
+ln -s /proc/self/fd/2 "$r/dev/stderr"
+mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$r/run"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$r/tmp"
+mkdir -p "$r/etc/systemd/system"
+cp "$work/$unit" "$r/etc/systemd/system/$unit"
+: > "$r/.gpfl-container"
+cd "$r"
+mkdir .gpfl-oldroot
+pivot_root . .gpfl-oldroot
+umount -l /.gpfl-oldroot
+rmdir /.gpfl-oldroot
+# refuse to boot anywhere but on the overlay, with the kernel's knobs read-only
+[ -e /.gpfl-container ] || { echo "not the container's root" >&2; exit 1; }
+for p in /proc/sys/kernel/pid_max /sys; do
+    if [ -w "$p" ]; then echo "$p is writable" >&2; exit 1; fi
+done
+exec /usr/bin/env -i container=gpfl-test \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    /usr/bin/setpriv \
+    --bounding-set -sys_module,-sys_time,-sys_rawio,-syslog,-audit_control,-audit_write,-audit_read,-wake_alarm,-block_suspend \
+    /lib/systemd/systemd --unit="$unit"
+"""
+
+#: The unit the container boots: what a host has before multi-user.target
+#: (sysinit.target: journald, tmpfiles ...; sockets.target: /dev/log), no
+#: services of the machine's own.
+CONTAINER_TARGET = """\
+[Unit]
+Description=gpu_preflight test container
+Wants=sockets.target
+After=sockets.target
+"""
+
+SYSTEMD = "/lib/systemd/systemd"
+
+
+def cgroup2_dir():
+    """The directory of this process's cgroup in the cgroup2 hierarchy, or None."""
+    mount = None
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            left, _, right = line.partition(" - ")
+            if right.split(" ", 1)[0] == "cgroup2":
+                mount = left.split(" ")[4]
+                break
+    if mount is None:
+        return None
+    with open("/proc/self/cgroup") as handle:
+        for line in handle:
+            if line.startswith("0::"):
+                return os.path.join(mount, line[3:].strip().lstrip("/"))
+    return None
+
+
+class SystemdContainer(object):
+    """The machine's systemd as PID 1 of a container made of namespaces.
+
+    Nothing it does reaches the machine: unshare --mount --pid --net --uts
+    --ipc --cgroup --fork; the root is an overlay of / whose upper layer is a
+    tmpfs (so /etc, /usr/local, /opt, /var written in there vanish with it);
+    /run, /tmp and /dev are fresh tmpfs (/dev with null, zero, full, random,
+    urandom and tty bound in, a new devpts); /proc is the namespace's own
+    with /proc/sys and /proc/sysrq-trigger read-only, so systemd-sysctl and
+    binfmt leave the kernel alone; /sys is a fresh read-only sysfs (no udev)
+    with the cgroup namespace's cgroup2 on /sys/fs/cgroup; systemd's bounding
+    set lacks CAP_SYS_MODULE, CAP_SYS_TIME, CAP_SYS_RAWIO, CAP_SYSLOG and the
+    audit ones. Its cgroup is a new child of this process's cgroup2
+    directory, removed by close(). The checkout is bound in read-only at its
+    own path; the network is the namespace's own loopback only.
+
+    It boots CONTAINER_TARGET (sysinit.target and sockets.target: journald
+    with /dev/log, tmpfiles, ...), as `container=gpfl-test`, which systemd
+    recognises: units conditioned on bare metal are skipped as in any
+    container. Commands run in it with run() (nsenter into every namespace
+    and its root); its files are reachable from here through path().
+    """
+
+    def __init__(self, work, unit_name="gpfl-test.target"):
+        self.work = work
+        self.proc = None
+        self.pid = None
+        self.cgroup = None
+        parent = cgroup2_dir()
+        if parent is None or not os.access(parent, os.W_OK):
+            raise RuntimeError("no writable cgroup2 directory for the container")
+        self.cgroup = os.path.join(parent, "gpfl-systemd-%d-%s" % (
+            os.getpid(), os.path.basename(work)))
+        os.mkdir(self.cgroup)
+        os.mkdir(os.path.join(work, "c"), 0o755)
+        with open(os.path.join(work, unit_name), "w") as handle:
+            handle.write(CONTAINER_TARGET)
+        procs = os.path.join(self.cgroup, "cgroup.procs")
+        dispositions = support.dispositions()
+
+        def enter_cgroup():             # before unshare: it roots the cgroup ns here
+            dispositions()
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+
+        self.log_path = os.path.join(work, "container.out")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                ["unshare", "--mount", "--pid", "--net", "--uts", "--ipc", "--cgroup",
+                 "--fork", "--propagation", "private", "/bin/sh", "-c", SYSTEMD_SETUP,
+                 "sh", work, support.REPO, unit_name],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd="/", start_new_session=True, preexec_fn=enter_cgroup)
+
+    def start(self, timeout=60):
+        """Wait until systemd has booted the container's target; self."""
+        def booted():
+            if self.proc.poll() is not None:
+                raise AssertionError("the container ended (exit %s): %s" % (
+                    self.proc.returncode, self.log()))
+            if self.pid is None:
+                self.pid = self._systemd_pid()
+                if self.pid is None:
+                    return False
+            out = self.run(["systemctl", "is-system-running", "--wait"], check=False,
+                           timeout=timeout)
+            return out.strip() in ("running", "degraded") and out
+        try:
+            state = wait_for("systemd in the container", booted, timeout, 0.2)
+        except Exception:
+            self.close()
+            raise
+        if state.strip() != "running":
+            failed = self.run(["systemctl", "--failed", "--no-legend", "--plain"],
+                              check=False)
+            self.close()
+            raise AssertionError("the container booted %s: %s" % (state.strip(), failed))
+        return self
+
+    def _systemd_pid(self):
+        """The pid (here) of the unshare's child once it is systemd."""
+        try:
+            with open("/proc/%d/task/%d/children" % (self.proc.pid, self.proc.pid)) as handle:
+                children = handle.read().split()
+            if not children:
+                return None
+            with open("/proc/%s/comm" % children[0]) as handle:
+                comm = handle.read().strip()
+            if comm != "systemd":
+                return None
+            with open("/proc/%s/root/.gpfl-container" % children[0]):
+                pass                    # the overlay root, pivoted into
+            return int(children[0])
+        except (IOError, OSError):
+            return None
+
+    def log(self):
+        with open(self.log_path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+
+    def argv(self, argv, env=None, cwd="/"):
+        """argv as run in the container: its namespaces and root, env -i
+        with env (default: PATH as a root login shell has it, HOME), cwd."""
+        if self.pid is None:
+            raise RuntimeError("the container has not started")
+        environ = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                   "HOME": "/root", "LOGNAME": "root", "USER": "root", "SHELL": "/bin/sh",
+                   "LANG": "C.UTF-8"}
+        if env is not None:
+            environ = dict(env)
+        prefix = ["nsenter", "--target", str(self.pid), "--mount", "--uts", "--ipc",
+                  "--net", "--pid", "--cgroup", "--root", "--wd"]
+        # (nsenter resolves --wd=DIR before it enters the root: env does it after)
+        return prefix + ["--", "/usr/bin/env", "-i", "--chdir=%s" % cwd] + [
+            "%s=%s" % item for item in sorted(environ.items())] + list(argv)
+
+    def popen(self, argv, env=None, cwd="/", **kwargs):
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(self.argv(argv, env=env, cwd=cwd), cwd="/",
+                                start_new_session=True, **kwargs)
+
+    def run(self, argv, check=True, timeout=60, env=None, cwd="/", status=False):
+        """Run argv in the container; its stdout and stderr together, as
+        text (with status=True: (exit status, text))."""
+        proc = self.popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+        try:
+            out = proc.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise AssertionError("%s did not end within %ss in the container"
+                                 % (argv, timeout))
+        out = out.decode("utf-8", "replace")
+        if check and proc.returncode != 0:
+            raise AssertionError("%s: exit %d in the container: %s" % (
+                " ".join(argv), proc.returncode, out))
+        return (proc.returncode, out) if status else out
+
+    def sh(self, script, **kwargs):
+        """Run a shell command line in the container (see run)."""
+        return self.run(["/bin/sh", "-c", script], **kwargs)
+
+    def path(self, inside):
+        """Where a path of the container is reachable from here."""
+        return "/proc/%d/root%s" % (self.pid, inside)
+
+    def netns_argv(self, argv):
+        """argv run here, but in the container's network namespace (its
+        127.0.0.1), e.g. an emulator listening on Ollama's own port."""
+        return ["nsenter", "--target", str(self.pid), "--net", "--"] + list(argv)
+
+    def close(self):
+        """SIGKILL systemd (the kernel ends every process of its PID
+        namespace), wait for the unshare, remove the cgroup subtree."""
+        if self.proc is not None and self.proc.poll() is None:
+            pid = self.pid or self._systemd_pid()
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.cgroup and os.path.isdir(self.cgroup):
+            ends_at = time.monotonic() + 10
+            while True:
+                try:
+                    for folder, subdirs, files in os.walk(self.cgroup, topdown=False):
+                        os.rmdir(folder)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or \
+                            time.monotonic() > ends_at:
+                        raise
+                    time.sleep(0.1)

@@ -5,18 +5,27 @@ the script's own option parser (a typo in a recipe fails here); the systemd
 units pass `systemd-analyze verify` with their programs replaced by real
 executables; the Slurm health-check script passes `sh -n` and shellcheck.
 Crontab lines run under a real cron in tests/test_cron.py.
+
+The reference is held against the script: the "--json prints one object
+with these fields" list names exactly the keys that --json prints (nested
+lists too), and the options table lists every long option of --help with its
+GPU_PREFLIGHT_ variable and a "check" column that matches the option's role.
 """
 
+import json
 import os
 import re
 import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import unittest
 
+import fakes
 import support
+from ollama_emu import Emulator
 
 gp = support.load_script()
 
@@ -40,6 +49,136 @@ def command_lines():
             words = shlex.split(match.group(1).split(" -- ")[0], comments=True)
             found.append((line, words))
     return found
+
+
+def readme_text():
+    with open(os.path.join(support.REPO, "README.md")) as handle:
+        return handle.read()
+
+
+def readme_json_fields():
+    """{top-level key: [its nested keys]} of the README's sentence "`--json`
+    prints one object with these fields: ...": names in backticks, a
+    parenthesis after a key listing the keys of its objects."""
+    match = re.search(r"^`--json` prints one object with these fields: (.*?)\n\n",
+                      readme_text(), re.M | re.S)
+    if not match:
+        raise AssertionError("README.md lost its sentence \"`--json` prints one "
+                             "object with these fields: ...\"")
+    fields, depth, last = {}, 0, None
+    for token in re.findall(r"`[a-z_]+`|[()]", match.group(1)):
+        if token == "(":
+            depth += 1
+        elif token == ")":
+            depth -= 1
+        elif depth == 0:
+            last = token.strip("`")
+            if last in fields:
+                raise AssertionError("README names --json field %s twice" % last)
+            fields[last] = []
+        elif depth == 1 and last is not None:
+            fields[last].append(token.strip("`"))
+        else:
+            raise AssertionError("README's --json list nests deeper than expected")
+    return fields
+
+
+def readme_options_table():
+    """[(long option or None, environment variable, check cell, row)] of the
+    table under "### Options and environment"."""
+    section = re.search(r"^### Options and environment\n(.*?)(?=^#)", readme_text(),
+                        re.M | re.S)
+    if not section:
+        raise AssertionError("README.md lost its section ### Options and environment")
+    rows = []
+    for line in section.group(1).splitlines():
+        if not line.startswith("| ") or line.startswith("| option ") or \
+                line.startswith("|---"):
+            continue
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) != 5:
+            raise AssertionError("not a row of five cells: %r" % line)
+        longs = re.findall(r"`(?:-\w, )?--([a-z][a-z-]*)", cells[0])
+        if cells[0] != "(environment only)" and len(longs) != 1:
+            raise AssertionError("a row without one long option: %r" % line)
+        env = re.match(r"`(GPU_PREFLIGHT_[A-Z_]+)`", cells[1])
+        if not env:
+            raise AssertionError("a row without its GPU_PREFLIGHT_ variable: %r" % line)
+        rows.append((longs[0] if longs else None, env.group(1), cells[2], line))
+    return rows
+
+
+def help_long_options():
+    """The long options that `gpu_preflight.py --help` prints, in order."""
+    proc = subprocess.run([sys.executable, support.SCRIPT, "--help"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=support.cron_env())
+    if proc.returncode != 0:
+        raise AssertionError("--help: exit %d: %r" % (proc.returncode, proc.stderr))
+    found = []
+    for line in proc.stdout.decode("utf-8").splitlines():
+        match = re.match(r"^  (?:-\w, )?--([a-z][a-z-]*)", line)
+        if match and match.group(1) not in found:
+            found.append(match.group(1))
+    return found
+
+
+class ReferenceTest(unittest.TestCase):
+    """The README's reference sections against what the script does."""
+
+    maxDiff = None
+
+    def test_json_field_list_names_exactly_the_keys_json_prints(self):
+        fields = readme_json_fields()
+        work = tempfile.mkdtemp(prefix="gpfl-json-")
+        self.addCleanup(shutil.rmtree, work, True)
+        root = fakes.make_amd_sysfs(work, [dict(busy=1, used_mib=512, total_mib=65536,
+                                                temp_c=40, name="AMD Instinct")])
+        with Emulator(mode="healthy") as emu:
+            res = support.run_script(["--host", emu.url, "--json", "--no-syslog",
+                                      "--gpu", "--gpu-backend", "amd-sysfs"],
+                                     env=support.cron_env(GPU_PREFLIGHT_ROOT=root))
+        self.assertEqual(res.code, 0, res)
+        doc = json.loads(res.stdout)
+        self.assertEqual(sorted(fields), sorted(doc), "README's --json list vs --json")
+        nested = {"models": doc["models"], "stages": doc["stages"], "gpu": [doc["gpu"]]}
+        for key, objects in sorted(nested.items()):
+            with self.subTest(field=key):
+                self.assertTrue(objects and all(isinstance(o, dict) for o in objects), doc)
+                printed = set()
+                for obj in objects:
+                    printed.update(obj)
+                self.assertEqual(sorted(fields[key]), sorted(printed),
+                                 "README's keys of %s vs --json" % key)
+        # only a model's stage names its model, as the README says
+        for stage in doc["stages"]:
+            self.assertEqual("model" in stage, stage["name"] == "warmup", stage)
+        others = sorted(k for k, v in fields.items() if v and k not in nested)
+        self.assertEqual(others, [], "README lists keys of a field this test does not read")
+
+    def test_options_table_lists_every_long_option_with_its_variable_and_role(self):
+        rows = readme_options_table()
+        listed = [name for name, env, check, line in rows if name]
+        self.assertEqual(len(listed), len(set(listed)), "an option listed twice")
+        printed = [name for name in help_long_options() if name not in ("help", "version")]
+        self.assertEqual(sorted(listed), sorted(printed),
+                         "the options table vs gpu_preflight.py --help")
+        role = dict((entry[0], entry[2]) for entry in gp.each_option())
+        self.assertEqual(sorted(set(printed) - set(role)), ["config"],
+                         "an option of --help that each_option() does not know")
+        for name, env, check, line in rows:
+            with self.subTest(row=line):
+                if name is None:            # environment only: the script reads it
+                    self.assertIn(env[len(gp.ENV_PREFIX):], ("TOKEN", "ROOT"), line)
+                    self.assertEqual(check, {"TOKEN": "yes (digest)",
+                                             "ROOT": "yes"}[env[len(gp.ENV_PREFIX):]], line)
+                    continue
+                self.assertEqual(env, gp.ENV_PREFIX + name.upper().replace("-", "_"), line)
+                if name == "config":        # not an option of the check (NOT_A_CHECK)
+                    self.assertEqual(check, "", line)
+                    continue
+                self.assertIn(role[name], (gp.CHECK, gp.HOW), name)
+                self.assertEqual(check, "yes" if role[name] == gp.CHECK else "", line)
 
 
 class RecipeTest(unittest.TestCase):

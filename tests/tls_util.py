@@ -192,11 +192,12 @@ _BAD_GATEWAY = (b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\n"
 class TLSProxy(Service):
     """A loopback TLS-terminating reverse proxy in front of an http:// backend."""
 
-    def __init__(self, backend_url, certfile, keyfile, host="127.0.0.1"):
+    def __init__(self, backend_url, certfile, keyfile, host="127.0.0.1", port=0):
         Service.__init__(self)
         self.backend = _backend_address(backend_url)
         self.certfile, self.keyfile = certfile, keyfile
         self.host = host
+        self.listen_port = port             # 0: a free one
         self.port = None
         self.url = None
         self.handshake_timeout = 10.0
@@ -215,7 +216,7 @@ class TLSProxy(Service):
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((bind_host, 0))
+            listener.bind((bind_host, self.listen_port))
             listener.listen(64)
         except BaseException:
             listener.close()
