@@ -5,7 +5,7 @@ read from README.md, not retyped) is applied twice with `puppet apply
 --detailed-exitcodes` in a private mount namespace, its
 puppet:///modules/gpu/gpu_preflight.py served from a temporary module path
 (modules/gpu/files/), Puppet's own directories (confdir, vardir, codedir,
-logdir, rundir) in the temp dir; what it deployed is then checked and run by
+logdir, rundir, publicdir) in the temp dir; what it deployed is then checked and run by
 the real cron (tests/cfg_harness.py). Puppet 7 is Debian's `puppet` package
 (.ci/run installs it when missing).
 
@@ -38,7 +38,7 @@ class PuppetTest(cfg_harness.DeployChecks, unittest.TestCase):
                 handle.write(text)
         argv = [tool, "apply", "--detailed-exitcodes", "--color=false",
                 "--modulepath", os.path.join(state, "modules")]
-        for setting in ("confdir", "vardir", "codedir", "logdir", "rundir"):
+        for setting in ("confdir", "vardir", "codedir", "logdir", "rundir", "publicdir"):
             argv += ["--" + setting, os.path.join(state, setting)]
         env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8",
                "HOME": os.path.join(state, "home")}
