@@ -12,10 +12,14 @@ It checks in stages, each bounded by --timeout and all together by --deadline
     gpu        (--gpu) NVML, nvidia-smi or amdgpu sysfs: driver, memory, load
     tags       GET  /api/tags       Ollama is up and the model is present
     loaded     GET  /api/ps         was the model loaded already?
+    show       POST /api/show       what the model can do, if /api/tags won't say
     warmup     POST /api/generate   one token from the model: the GPU answers
+               POST /api/embed      one vector from an embedding model
     placement  GET  /api/ps         the model sits in VRAM, not on the CPU
   or, with --api openai (vLLM, llama-server):
-    health, models, completion      GET /health, GET /v1/models, POST /v1/completions
+    health, models                  GET /health, GET /v1/models
+    completion, chat or embedding   POST /v1/completions, /v1/chat/completions
+                                    or /v1/embeddings: a token or a vector
 
 Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
 
@@ -32,6 +36,18 @@ Every run writes one line to syslog (ident gpu_preflight). Each long option can
 also be set as GPU_PREFLIGHT_<NAME> in the environment or as a key in the
 [gpu_preflight] section of /etc/gpu_preflight.conf; flags win over the
 environment, the environment over the file. Python 3.6+, standard library only.
+
+The file, top to bottom, one section each:
+  the contract     exit statuses and defaults
+  main             parse, check, finish; the attempt loop, the watchdog, Run
+  Ollama           tags, loaded, show, warm-up, placement; its answers judged
+  OpenAI           health, models, a completion, chat or embedding
+  HTTP client      urllib, no proxy on loopback; failures classified
+  the GPU stage    NVML, nvidia-smi, AMD sysfs probes; the verdict on the GPUs
+  under cron       the job, the lock, the shared verdict, metrics
+  the report       one list of facts for the syslog line and --json
+  configuration    the options table and its parsers: flags > env > file
+  files, errors    files root reads or writes; exceptions and small utilities
 """
 
 __version__ = "0.1.0"
@@ -52,28 +68,25 @@ import time
 
 # ---- The contract: exit statuses and defaults -------------------------------
 
-#: Exit statuses (BSD sysexits), the only ones the script returns.
+#: Exit statuses (BSD sysexits), the only ones the script returns; and, when
+#: COMMAND cannot run, the shell's.
 EX_OK = 0
 EX_USAGE = 64
 EX_UNAVAILABLE = 69
 EX_SOFTWARE = 70
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
-
-#: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
 EX_NOEXEC, EX_NOTFOUND = 126, 127
 
-#: The name used in messages, syslog ident, config section and env prefix.
+#: The name in messages, the syslog ident, the config section, the env prefix.
 PROG = "gpu_preflight"
 ENV_PREFIX = "GPU_PREFLIGHT_"
-CONFIG_SECTION = "gpu_preflight"
 
 #: Read when it exists and no --config or GPU_PREFLIGHT_CONFIG names another.
 DEFAULT_CONFIG = "/etc/gpu_preflight.conf"
 
 #: Where Ollama listens when neither flags, env, file nor OLLAMA_HOST say.
 DEFAULT_HOST = "http://127.0.0.1:11434"
-OLLAMA_PORT = "11434"
 
 #: Socket timeout of each stage, and the bound of the whole run (seconds).
 DEFAULT_TIMEOUT = 3.0
@@ -82,6 +95,32 @@ DEFAULT_DEADLINE = 10.0
 #: The GPU stage's own limit (capped by the deadline): NVML without
 #: persistence mode initialises every GPU, 1 to 3 s each.
 DEFAULT_GPU_TIMEOUT = 5.0
+
+#: The GPU thresholds: (option, figure, unit, True when the figure must be
+#: at least the threshold, else at most). Any of them implies --gpu.
+GPU_LIMITS = (("min_free_mib", "free_mib", " MiB free", True),
+              ("max_util", "util_pct", "% busy", False),
+              ("max_procs", "procs", " compute processes", False),
+              ("max_temp", "temp_c", " C", False))
+
+#: Where shared verdicts live (--state-dir): $XDG_RUNTIME_DIR/gpu_preflight,
+#: /run/gpu_preflight for root, else a private directory in /tmp.
+STATE_SUBDIR = "gpu_preflight"
+ROOT_STATE_DIR = "/run/gpu_preflight"
+
+#: The driver's NVML library, by the name dlopen knows it.
+NVML_NAME = "libnvidia-ml.so.1"
+
+#: The prompt of every warm-up: one token is generated from it, or one vector.
+WARMUP_PROMPT = "test"
+
+#: Caps on server text quoted in a reason, and on a whole reason (chars).
+SERVER_TEXT_MAX = 200
+REASON_MAX = 1000
+
+#: Largest answer read from a stage, and largest file read (bytes).
+MAX_BODY = 4 * 1024 * 1024
+MAX_CONFIG = 64 * 1024
 
 
 # ---- main and the attempt loop: supervision, deadline, signals --------------
@@ -147,8 +186,8 @@ def parse_command_line(args):
 def check(ns, command, started):
     """The configuration, the COMMAND and the lock, then the checks: the Run
     holding the verdict, the shared state, and what the job needs."""
-    _SECRETS["pieces"].clear()
-    _SECRETS["short"].clear()
+    for secrets in _SECRETS.values():
+        secrets.clear()
     opts, problem = configure(ns, os.environ)
     run, shared, path, lock_fd = Run(opts, started), None, None, None
     try:
@@ -216,11 +255,7 @@ def check_until_ready(run, shared):
         if state is None and share:
             state = shared.fly(run)     # wait for a check in flight, then look again
         if state is not None:
-            run.reused = state
-            run.decide(state["code"], state.get("stage"), "reused verdict of pid %s, "
-                       "%.1fs old: %s" % (state.get("pid"), time.time() - state["time"],
-                                          state.get("reason", "")))
-            run.model = state.get("model") or run.model
+            run.reuse(state)
             if state["code"] == EX_OK or retry_time(run) <= 0:
                 return run
             run = Run(opts, run.started, attempt=1, lookup=run.lookup, before=run)
@@ -248,11 +283,10 @@ def check_until_ready(run, shared):
 
 
 def retry_time(run):
-    """How long --wait may still pause before another attempt. Attempts go
-    on while time remains: the last gets what is left before the deadline
-    (its stages are cut there), and none is made with under MIN_ATTEMPT."""
-    opts = run.opts
-    return min(run.started + (opts.wait or 0) - time.monotonic(),
+    """How long --wait may still pause before another attempt: attempts go
+    on while time remains, none with under MIN_ATTEMPT before the deadline
+    (the last attempt's stages are cut there)."""
+    return min(run.started + (run.opts.wait or 0) - time.monotonic(),
                run.deadline_at - time.monotonic() - MIN_ATTEMPT)
 
 
@@ -272,27 +306,15 @@ def check_inference(run):
     return check_service(run, client)
 
 
-#: What each stage does, for reasons and --help.
+#: What each stage sends, for reasons.
 STAGE_WHAT = {
-    "gpu": "the GPU probe",
-    "api": "GET /api/version",
-    "health": "GET /health",
-    "models": "GET /v1/models",
-    "completion": "POST /v1/completions",
-    "chat": "POST /v1/chat/completions",
+    "gpu": "the GPU probe", "api": "GET /api/version",
+    "tags": "GET /api/tags", "loaded": "GET /api/ps", "show": "POST /api/show",
+    "warmup": "POST /api/generate", "placement": "GET /api/ps",
+    "health": "GET /health", "models": "GET /v1/models",
+    "completion": "POST /v1/completions", "chat": "POST /v1/chat/completions",
     "embedding": "POST /v1/embeddings",
-    "show": "POST /api/show",
-    "tags": "GET /api/tags",
-    "loaded": "GET /api/ps",
-    "warmup": "POST /api/generate",
-    "placement": "GET /api/ps",
 }
-
-#: How long past a stage's budget the watchdog waits for the socket timeout
-#: to report it itself, before it declares the stage timed out. An optional
-#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
-STAGE_GRACE = 0.05
-OPTIONAL_GRACE = 0.25
 
 
 class Stage(object):
@@ -317,8 +339,7 @@ class Run(object):
         self.unchanged = False      # --log-changes-only: same verdict as last time
         if opts.insecure and before is None:
             self.problems.append("TLS certificates not verified (--insecure)")
-        self.started = started
-        self.deadline_at = started + opts.deadline
+        self.started, self.deadline_at = started, started + opts.deadline
         self.stages = []            # dicts: name, status, duration_ms, reason
         self.current = None         # the Stage under way, if any
         self.model = (opts.model or [None])[0]     # the first model, once chosen
@@ -326,9 +347,7 @@ class Run(object):
         self.vram_pct = None        # share of the first model in VRAM after warm-up
         self.notes = []             # facts for a ready verdict
         self.api = opts.api         # ollama or openai (auto: once detected)
-        self.code = None            # the verdict, set once
-        self.stage = None
-        self.reason = ""
+        self.code, self.stage, self.reason = None, None, ""    # the verdict, set once
         self.trace = None           # traceback text of an internal error
         self.lookup = lookup        # Lookup of a UDP syslog host, if any
         self.gpu = None             # what the GPU stage found (--json "gpu")
@@ -393,6 +412,13 @@ class Run(object):
                 self.code, self.stage, self.reason = code, stage, reason
                 self.wake.set()
 
+    def reuse(self, state):
+        """The verdict of another caller's check (--share-result)."""
+        self.reused, self.model = state, state.get("model") or self.model
+        self.decide(state["code"], state.get("stage"), "reused verdict of pid %s, %.1fs "
+                    "old: %s" % (state.get("pid"), time.time() - state["time"],
+                                 state.get("reason", "")))
+
     def interrupt(self, signum, stage):
         """The verdict of SIGINT or SIGTERM (stage: the Stage it cut, if
         any), which replaces any other: also an attempt's that --wait was
@@ -455,6 +481,13 @@ class Run(object):
     def expire(self, stage):
         """The watchdog's verdict on a stage that overran its budget."""
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
+
+
+#: How long past a stage's budget the watchdog waits for the socket timeout
+#: to report it itself, before it declares the stage timed out. An optional
+#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
+STAGE_GRACE = 0.05
+OPTIONAL_GRACE = 0.25
 
 
 def supervise(run, work):
@@ -700,9 +733,6 @@ def check_requirements(run, observed=False):
                             % ", ".join(sanitise(n) for n in unknown))
 
 
-#: The prompt of the token warm-up; one token is generated from it.
-WARMUP_PROMPT = "test"
-
 #: An Ollama answer meaning "an embedding model, it cannot generate" (all
 #: releases: 'embedding models do not support generate', 'M does not support
 #: generate', '"M" does not support generate').
@@ -711,14 +741,11 @@ _EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not su
 
 def ollama_generate(run, client, model):
     """Warm a model with POST /api/generate: one token (or only the load).
-    Returns False when the server says it is an embedding model, whose kind
-    was not known before."""
+    False when the server says it is an embedding model (its kind unknown
+    before)."""
     opts = run.opts
-    payload = {"model": model["name"], "stream": False,
-               "prompt": WARMUP_PROMPT if opts.warmup == "token" else "",
-               "options": dict(opts.ollama_option, num_predict=1)}
-    if opts.keep_alive is not None:
-        payload["keep_alive"] = opts.keep_alive
+    payload = ollama_payload(opts, model, dict(opts.ollama_option, num_predict=1), stream=False,
+                             prompt=WARMUP_PROMPT if opts.warmup == "token" else "")
     what = "POST /api/generate for %s" % model["name"]
     with run.step("warmup", model=model) as budget:
         try:
@@ -732,8 +759,7 @@ def ollama_generate(run, client, model):
         except ValueError as exc:
             raise not_json(what, answer, exc)
         if error is not None:
-            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                       % (what, sanitise(error)))
+            raise model_error(what, error)
         if final.get("done") is not True:
             raise Fail(EX_UNAVAILABLE, "%s: answer ended before done (the model "
                        "stopped mid-answer)" % what)
@@ -746,12 +772,19 @@ def ollama_generate(run, client, model):
     return True
 
 
-def parse_generate(data):
-    """The answer of /api/generate, one JSON object or NDJSON lines.
+def ollama_payload(opts, model, options, **fields):
+    """A warm-up's body, with the runner options and keep_alive the job uses."""
+    payload = dict(fields, model=model["name"])
+    if options:
+        payload["options"] = options
+    if opts.keep_alive is not None:
+        payload["keep_alive"] = opts.keep_alive
+    return payload
 
-    Returns (final object, error text or None). Raises ValueError when it is
-    not JSON objects.
-    """
+
+def parse_generate(data):
+    """(final object, error text or None) of an /api/generate answer, one
+    JSON object or NDJSON lines; ValueError when it is not JSON objects."""
     text = data.decode("utf-8", "replace")
     try:
         objects = [parse_json(text)]
@@ -769,12 +802,8 @@ def ollama_embed(run, client, model):
     """Warm an embedding model with POST /api/embed (input "test": an empty
     input loads any model and proves nothing), or, on servers before 0.2.6,
     POST /api/embeddings; ready only with a vector."""
-    opts = run.opts
-    payload = {"model": model["name"], "input": WARMUP_PROMPT}
-    if opts.ollama_option:
-        payload["options"] = dict(opts.ollama_option)
-    if opts.keep_alive is not None:
-        payload["keep_alive"] = opts.keep_alive
+    payload = ollama_payload(run.opts, model, dict(run.opts.ollama_option),
+                             input=WARMUP_PROMPT)
     with run.step("warmup", what="POST /api/embed", model=model) as budget:
         try:
             doc = client.json("POST", "/api/embed", budget, payload, model["name"])
@@ -787,8 +816,7 @@ def ollama_embed(run, client, model):
             return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
                                else None, "POST /api/embed for " + model["name"],
                                "embeddings[0]")
-    del payload["input"]
-    payload["prompt"] = WARMUP_PROMPT
+    payload["prompt"] = payload.pop("input")
     with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
         doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
         need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model["name"],
@@ -800,8 +828,7 @@ def need_vector(doc, vector, what, field):
     per-token vectors); an error in a 200 answer is the model's error."""
     error = answer_error(doc)
     if error is not None:
-        raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                   % (what, sanitise(error)))
+        raise model_error(what, error)
     rows = vector if isinstance(vector, list) and vector and all(
         isinstance(v, list) for v in vector) else [vector]
     if not all(isinstance(r, list) and r and all(
@@ -916,13 +943,12 @@ def unloaded(run, gone, causes):
                        "was" if len(gone) == 1 else "were", causes))
 
 
-#: Runner error text meaning GPU (or host) memory is taken: retry later.
-OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
-               "cudamalloc failed", "requires more system memory")
-
-#: Runner error text meaning the model could not load within Ollama's limit.
-LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
-                        "timed out waiting for llama-server to start")
+#: Runner error text meaning "retry later": GPU (or host) memory is taken,
+#: the server is busy, or the model could not load within Ollama's limit.
+BUSY_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
+                "cudamalloc failed", "requires more system memory", "server busy",
+                "timed out waiting for llama runner to start",
+                "timed out waiting for llama-server to start")
 
 #: Ollama's own words for a request it refuses: the model is not there, or
 #: cannot generate, or an option has the wrong type (a configuration error).
@@ -934,14 +960,16 @@ _REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
 
 def classify_runner_error(message):
     """Exit status for an error from the model runner (Ollama section 8)."""
-    low = message.lower()
-    if any(marker in low for marker in OOM_MARKERS):
-        return EX_TEMPFAIL
-    if "server busy" in low or any(m in low for m in LOAD_TIMEOUT_MARKERS):
+    if any(marker in message.lower() for marker in BUSY_MARKERS):
         return EX_TEMPFAIL
     if re.match(_REFUSAL, message.strip()):
         return EX_CONFIG
     return EX_UNAVAILABLE
+
+
+def model_error(what, error):
+    return Fail(classify_runner_error(error), "%s: error from the model: %s"
+                % (what, sanitise(error)))
 
 
 def normalise_model(name):
@@ -1019,13 +1047,11 @@ def served_models(doc):
     return [e for e in entries if e["name"]]
 
 
-#: How a model is proven on an OpenAI-compatible server: stage, path, body.
+#: The body that proves a model on an OpenAI-compatible server, by stage.
 OPENAI_ASKS = {
-    "completion": ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 1,
-                                       "stream": False}),
-    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content":
-                                                    WARMUP_PROMPT}], "max_tokens": 1}),
-    "embedding": ("/v1/embeddings", {"input": WARMUP_PROMPT}),
+    "completion": {"prompt": WARMUP_PROMPT, "max_tokens": 1, "stream": False},
+    "chat": {"messages": [{"role": "user", "content": WARMUP_PROMPT}], "max_tokens": 1},
+    "embedding": {"input": WARMUP_PROMPT},
 }
 
 #: What servers answer a request of the wrong kind for the model (generation
@@ -1050,12 +1076,12 @@ def ask_openai(run, client, model, stage):
     """One request of prove_openai(): "done", "no route" (404 or 405: the
     server does not offer it) or "wrong kind" (generation sent to an
     embedding model); Fail for anything else."""
-    path, body = OPENAI_ASKS[stage]
+    path = STAGE_WHAT[stage].split()[1]
     what = "POST %s for %s" % (path, model["name"])
     with run.step(stage, model=model) as budget:
         try:
-            doc = client.json("POST", path, budget, dict(body, model=model["name"]),
-                              about=model["name"])
+            doc = client.json("POST", path, budget, dict(OPENAI_ASKS[stage],
+                                                         model=model["name"]), model["name"])
         except Fail as exc:
             if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
                 return "wrong kind"
@@ -1075,8 +1101,7 @@ def ask_openai(run, client, model, stage):
         elif error is not None and re.search(_WRONG_KIND, error):
             return "wrong kind"
         elif error is not None:
-            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                       % (what, sanitise(error)))
+            raise model_error(what, error)
         elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
             raise Fail(EX_UNAVAILABLE, "%s: answered without a completion (no choices)"
                        % what)
@@ -1086,9 +1111,7 @@ def ask_openai(run, client, model, stage):
 
 # ---- The HTTP client: urllib, no proxy on loopback, failures classified ----
 
-#: Largest answer read from a stage, from an error answer, and the largest
-#: config file (bytes).
-MAX_BODY = 4 * 1024 * 1024
+#: The most of an error answer read (bytes): its start says enough.
 MAX_ERROR_BODY = 64 * 1024
 
 
@@ -1200,34 +1223,29 @@ def http_opener(context, loopback):
 
 
 def classify_answer(what, status, body, api="ollama"):
-    """(exit status, reason) for an HTTP answer that is not a success."""
+    """(exit status, reason) for an HTTP answer that is not a success: the
+    first rule that applies."""
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
-    if status in (401, 403) and api == "openai":
-        return EX_CONFIG, ("%s: %d %s: the server refuses the credentials: check "
-                           "the token (--token-file or GPU_PREFLIGHT_TOKEN)"
-                           % (what, status, quoted))
-    if status == 403:
-        return EX_CONFIG, ("%s: 403 forbidden: Ollama's host guard refuses this "
-                           "host name (use the address it listens on) or a proxy "
-                           "said no" % what)
-    if status in (401, 407):
-        return EX_CONFIG, "%s: %d authentication required: %s" % (what, status, quoted)
-    if status in (404, 405) and not is_json:
-        return EX_CONFIG, not_server(api, "%s answered %d %s" % (what, status, quoted))
-    if status == 503 and what == "GET /health" and not body.strip():
-        return EX_UNAVAILABLE, ("GET /health: 503 with no body: the engine is dead "
-                                "(vLLM's EngineDeadError); restart the server")
-    if status == 503 and message.strip() == "Loading model":
-        return EX_TEMPFAIL, "%s: 503 Loading model: the server is still loading" % what
-    if status == 503:
-        return EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)
-    if status in (400, 404):
-        return EX_CONFIG, "%s: %d %s" % (what, status, quoted)
-    if what.startswith("POST"):
-        code = classify_runner_error(message)
-        return code, "%s: %d %s" % (what, status, quoted)
-    return EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted)
+    said = "%s: %d %s" % (what, status, quoted)
+    return next((code, reason) for applies, code, reason in (
+        (status in (401, 403) and api == "openai", EX_CONFIG, said + ": the server refuses "
+         "the credentials: check the token (--token-file or GPU_PREFLIGHT_TOKEN)"),
+        (status == 403, EX_CONFIG, "%s: 403 forbidden: Ollama's host guard refuses this "
+         "host name (use the address it listens on) or a proxy said no" % what),
+        (status in (401, 407), EX_CONFIG, "%s: %d authentication required: %s"
+         % (what, status, quoted)),
+        (status in (404, 405) and not is_json, EX_CONFIG,
+         not_server(api, "%s answered %d %s" % (what, status, quoted))),
+        (status == 503 and what == "GET /health" and not body.strip(), EX_UNAVAILABLE,
+         "GET /health: 503 with no body: the engine is dead (vLLM's EngineDeadError); "
+         "restart the server"),
+        (status == 503 and message.strip() == "Loading model", EX_TEMPFAIL,
+         "%s: 503 Loading model: the server is still loading" % what),
+        (status == 503, EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)),
+        (status in (400, 404), EX_CONFIG, said),
+        (what.startswith("POST"), classify_runner_error(message), said),
+        (True, EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted))) if applies)
 
 
 def answer_message(body):
@@ -1252,26 +1270,23 @@ def classify_exception(exc, what, url, api="ollama"):
         exc = exc.reason if isinstance(exc.reason, BaseException) else exc
     if isinstance(exc, socket.timeout):
         raise TimedOut()
-    where = url.split("://", 1)[-1].split("/", 1)[0]
-    if isinstance(exc, ConnectionRefusedError) and api == "openai":
-        return EX_TEMPFAIL, ("connection refused by %s (vLLM refuses connections "
-                             "while it loads the model; or the service is down)" % where)
-    if isinstance(exc, ConnectionRefusedError):
-        return EX_UNAVAILABLE, ("connection refused by %s (is the service "
-                                "running and listening there?)" % where)
-    if isinstance(exc, socket.gaierror):
-        return EX_UNAVAILABLE, "cannot resolve %s: %s" % (where, sanitise(exc))
-    if isinstance(exc, (ConnectionError, EOFError, http.client.IncompleteRead)):
-        return EX_UNAVAILABLE, ("%s: connection closed by %s in mid-answer"
-                                % (what, where))
-    if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):  # 3.6: not an SSLError
-        return EX_CONFIG, "%s: TLS error with %s: %s" % (what, where, sanitise(exc))
-    if isinstance(exc, (http.client.BadStatusLine, http.client.LineTooLong,
-                        http.client.UnknownProtocol)):
-        return EX_CONFIG, "not an HTTP server at %s: %s" % (where, sanitise(exc))
-    if isinstance(exc, OSError):
-        return EX_UNAVAILABLE, "%s: network error: %s" % (what, sanitise(exc))
-    return EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, sanitise(exc))
+    where, said = url.split("://", 1)[-1].split("/", 1)[0], sanitise(exc)
+    return next((code, reason) for kinds, code, reason in (
+        (ConnectionRefusedError if api == "openai" else (), EX_TEMPFAIL,
+         "connection refused by %s (vLLM refuses connections while it loads the model; "
+         "or the service is down)" % where),
+        (ConnectionRefusedError, EX_UNAVAILABLE, "connection refused by %s (is the "
+         "service running and listening there?)" % where),
+        (socket.gaierror, EX_UNAVAILABLE, "cannot resolve %s: %s" % (where, said)),
+        ((ConnectionError, EOFError, http.client.IncompleteRead), EX_UNAVAILABLE,
+         "%s: connection closed by %s in mid-answer" % (what, where)),
+        ((ssl.SSLError, ssl.CertificateError), EX_CONFIG,   # 3.6: not an SSLError
+         "%s: TLS error with %s: %s" % (what, where, said)),
+        ((http.client.BadStatusLine, http.client.LineTooLong, http.client.UnknownProtocol),
+         EX_CONFIG, "not an HTTP server at %s: %s" % (where, said)),
+        (OSError, EX_UNAVAILABLE, "%s: network error: %s" % (what, said)),
+        (BaseException, EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, said)),
+    ) if isinstance(exc, kinds))
 
 
 def not_server(api, why):
@@ -1404,14 +1419,6 @@ def nvidia_present():
     dev = os.path.join(root, "dev")
     return any(re.match(r"^nvidia\d+$", n) for n in
                (os.listdir(dev) if os.path.isdir(dev) else ()))
-
-
-#: The GPU thresholds: (option, figure, unit, True when the figure must be
-#: at least the threshold, else at most).
-GPU_LIMITS = (("min_free_mib", "free_mib", " MiB free", True),
-              ("max_util", "util_pct", "% busy", False),
-              ("max_procs", "procs", " compute processes", False),
-              ("max_temp", "temp_c", " C", False))
 
 
 def gpu_label(gpu):
@@ -1672,10 +1679,8 @@ def nvml_structs(c):
     return Memory, MemoryV2, Process, ProcessV2
 
 
-#: GPU stage: where NVML lives when dlopen's own search fails (never a CUDA
-#: toolkit /stubs/ directory: that library is a link-time stub), and where
-#: nvidia-smi lives when cron's PATH lacks it.
-NVML_NAME = "libnvidia-ml.so.1"
+#: Where NVML lives when dlopen's own search fails (never a CUDA toolkit
+#: /stubs/ directory: that library is a link-time stub).
 NVML_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
              "/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
              "/usr/lib/wsl/lib")
@@ -2253,13 +2258,6 @@ class Shared(object):
         return state.get("skips", 0)
 
 
-#: Where the shared verdict and skip count live (--state-dir): the first of
-#: $XDG_RUNTIME_DIR/gpu_preflight, /run/gpu_preflight (root), and a private
-#: directory in /tmp (0700, owned by the user, checked).
-STATE_SUBDIR = "gpu_preflight"
-ROOT_STATE_DIR = "/run/gpu_preflight"
-
-
 def state_dir(opts, environ):
     """The directory of shared state, made if missing and checked to be the
     user's own (so nobody else can plant a verdict); raises OSError."""
@@ -2507,11 +2505,6 @@ def log_value(value):
     """A value for key=value logs: bare when safe, else quoted."""
     text = sanitise("-" if value is None or value == "" else value, REASON_MAX)
     return text if _BARE_VALUE_RE.match(text) else quote(text)
-
-
-#: Caps on server text quoted in a reason, and on a whole reason (chars).
-SERVER_TEXT_MAX = 200
-REASON_MAX = 1000
 
 
 def sanitise(text, limit=SERVER_TEXT_MAX):
@@ -2920,7 +2913,7 @@ def parse_ollama_host(value):
     prefix; a bad port falls back to the default with a warning.
     """
     text = value.strip().strip("\"'").strip()
-    port = OLLAMA_PORT
+    port = "11434"                 # Ollama's own
     if "://" in text:
         scheme, rest = text.split("://", 1)
         port = {"http": "80", "https": "443"}.get(scheme, port)
@@ -3195,9 +3188,6 @@ def config_path(ns, environ):
     return DEFAULT_CONFIG, False
 
 
-MAX_CONFIG = 64 * 1024
-
-
 def read_config_file(path, must_exist):
     """The [gpu_preflight] keys of an INI file, as {option name: text};
     None when there is no file and none was asked for."""
@@ -3210,7 +3200,7 @@ def read_config_file(path, must_exist):
     except ValueError as exc:
         raise ConfigError("cannot read config file %s: %s" % (path, exc))
     lines = [l.strip() for l in text.splitlines() if l.strip()[:1] not in ("", "#", ";")]
-    if lines in ([], ["[%s]" % CONFIG_SECTION]):
+    if lines in ([], ["[%s]" % PROG]):
         return {}           # install.sh's example, all comments: no configparser
     import configparser
     parser = configparser.ConfigParser(interpolation=None)
@@ -3218,15 +3208,15 @@ def read_config_file(path, must_exist):
         parser.read_string(text, path)
     except configparser.MissingSectionHeaderError:
         raise ConfigError("bad config file %s: its first setting comes before any "
-                          "section: put [%s] on a line above it" % (path, CONFIG_SECTION))
+                          "section: put [%s] on a line above it" % (path, PROG))
     except configparser.Error as exc:   # its first lines say what and where
         said = " ".join(str(exc).split("\n")[:2]).replace("\t", " ") or type(exc).__name__
         raise ConfigError("bad config file %s: %s" % (path, said))
-    if not parser.has_section(CONFIG_SECTION):
-        raise ConfigError("config file %s has no [%s] section" % (path, CONFIG_SECTION))
+    if not parser.has_section(PROG):
+        raise ConfigError("config file %s has no [%s] section" % (path, PROG))
     known = set(o[0] for o in each_option())
     values = {}
-    for key, text in parser.items(CONFIG_SECTION):
+    for key, text in parser.items(PROG):
         name = key.replace("_", "-")
         if name not in known:
             raise ConfigError("config file %s: unknown key %r" % (path, key))
