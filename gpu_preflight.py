@@ -127,10 +127,8 @@ MAX_CONFIG = 64 * 1024
 
 def main(argv=None, started=None):
     """Parse, check, report; return the exit status (nothing else exits).
-
-    started: the monotonic() time the deadline counts from; the command line
-    passes the process start, a caller importing this module gets "now".
-    """
+    started: the monotonic() time the deadline counts from (the process's
+    start from the command line; "now" for a caller importing this module)."""
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
     if previous:                # probes are waited for: an ignored SIGCHLD reaps them
@@ -243,8 +241,8 @@ WAIT_FIRST, WAIT_MOST, MIN_ATTEMPT = 1.0, 15.0, 0.5
 
 
 def check_until_ready(run, shared):
-    """The checks, reusing a shared verdict when there is one, retried with
-    backoff under --wait; returns the Run that holds the final verdict."""
+    """The checks (or a shared verdict), retried with backoff under --wait;
+    returns the Run that holds the final verdict."""
     opts = run.opts
     share = shared is not None and opts.share_result
     try:
@@ -420,9 +418,8 @@ class Run(object):
                                  state.get("reason", "")))
 
     def interrupt(self, signum, stage):
-        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut, if
-        any), which replaces any other: also an attempt's that --wait was
-        pausing to retry."""
+        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut), which
+        replaces any other, such as an attempt's that --wait would retry."""
         with self._lock:
             if stage:
                 where = " during " + stage.what
@@ -478,8 +475,7 @@ class Run(object):
         finally:
             model["warmup_ms"] = round((time.monotonic() - started) * 1000.0, 1)
 
-    def expire(self, stage):
-        """The watchdog's verdict on a stage that overran its budget."""
+    def expire(self, stage):    # the watchdog's verdict on a stage past its budget
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
 
 
@@ -491,12 +487,10 @@ OPTIONAL_GRACE = 0.25
 
 
 def supervise(run, work):
-    """Run work(run) in a thread and return when it ends or a limit is hit.
-
-    A socket timeout does not bound a trickling answer or a stalled DNS
-    lookup, so the watchdog here does: the worker thread is abandoned (it is
-    a daemon) when its stage's budget or the deadline runs out.
-    """
+    """Run work(run) in a thread until it ends or a limit is hit: a socket
+    timeout does not bound a trickling answer or a stalled DNS lookup, so
+    this watchdog abandons the (daemon) thread when its stage's budget or
+    the deadline runs out."""
     def target():
         try:
             reason = work(run)
@@ -528,8 +522,7 @@ def supervise(run, work):
 
 
 def _traceback():
-    """The current exception's traceback (imported late: it costs 2 ms)."""
-    import traceback
+    import traceback            # only now: it costs 2 ms
     return traceback.format_exc()
 
 
@@ -653,9 +646,8 @@ def answered(run):
 
 
 def ollama_kinds(run, client):
-    """Each model's kind and capabilities before anything is sent to it:
-    from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
-    servers say nothing, and a generative warm-up's refusal tells."""
+    """Each model's kind and capabilities, before anything is sent to it: in
+    /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+), else unknown."""
     for model in run.models:
         caps = capabilities(model["entry"], "GET /api/tags", "tags")
         if caps is None and "capabilities" not in model["entry"]:
@@ -740,9 +732,8 @@ _EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not su
 
 
 def ollama_generate(run, client, model):
-    """Warm a model with POST /api/generate: one token (or only the load).
-    False when the server says it is an embedding model (its kind unknown
-    before)."""
+    """Warm a model with POST /api/generate: one token (or only the load);
+    False when the server says it is an embedding model."""
     opts = run.opts
     payload = ollama_payload(opts, model, dict(opts.ollama_option, num_predict=1), stream=False,
                              prompt=WARMUP_PROMPT if opts.warmup == "token" else "")
@@ -799,9 +790,8 @@ def parse_generate(data):
 
 
 def ollama_embed(run, client, model):
-    """Warm an embedding model with POST /api/embed (input "test": an empty
-    input loads any model and proves nothing), or, on servers before 0.2.6,
-    POST /api/embeddings; ready only with a vector."""
+    """Warm an embedding model with POST /api/embed, or /api/embeddings before
+    Ollama 0.2.6: ready only with a vector (an empty input proves nothing)."""
     payload = ollama_payload(run.opts, model, dict(run.opts.ollama_option),
                              input=WARMUP_PROMPT)
     with run.step("warmup", what="POST /api/embed", model=model) as budget:
@@ -896,9 +886,8 @@ def whole_number(doc, key, what):
 
 
 def check_placement(run, running):
-    """After every warm-up, one GET /api/ps: every model resident (one that
-    is not was unloaded when a later one loaded) and in VRAM (size_vram 0 is
-    Ollama's silent CPU fallback)."""
+    """After the warm-ups: every model still resident (not unloaded when a
+    later one loaded) and in VRAM (size_vram 0 is Ollama's CPU fallback)."""
     for model in run.models:
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
@@ -1023,8 +1012,15 @@ def check_openai(run, client):
     if run.opts.warmup == "off":
         return "service up, %s served (warm-up off)" % model_names(run)
     for model in run.models:
+        # one token: a completion, or a chat completion where the server has no
+        # /v1/completions (gateways, chat-only servers); else one vector, as the
+        # generation was refused or is absent (vLLM's task-gated routes)
         with run.timing(model):
-            prove_openai(run, client, model)
+            outcome = ask_openai(run, client, model, "completion")
+            if outcome == "no route":
+                outcome = ask_openai(run, client, model, "chat")
+            if outcome != "done":
+                ask_openai(run, client, model, "embedding")
     check_requirements(run, observed=True)
     if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
                                    for m in run.models):
@@ -1060,22 +1056,9 @@ OPENAI_ASKS = {
 _WRONG_KIND = r"(?i)does not support (completions|chat|generate)|(Chat )?Completions API"
 
 
-def prove_openai(run, client, model):
-    """One token from a generative model: a completion, or a chat completion
-    where the server has no /v1/completions (404, 405: gateways, chat-only
-    servers); one vector from an embedding model, which a refusal of the
-    generation requests, or their absence (vLLM's task-gated routes), tells."""
-    outcome = ask_openai(run, client, model, "completion")
-    if outcome == "no route":
-        outcome = ask_openai(run, client, model, "chat")
-    if outcome != "done":
-        ask_openai(run, client, model, "embedding")
-
-
 def ask_openai(run, client, model, stage):
-    """One request of prove_openai(): "done", "no route" (404 or 405: the
-    server does not offer it) or "wrong kind" (generation sent to an
-    embedding model); Fail for anything else."""
+    """One request proving a model: "done", "no route" (404 or 405: not
+    offered here) or "wrong kind" (generation asked of an embedding model)."""
     path = STAGE_WHAT[stage].split()[1]
     what = "POST %s for %s" % (path, model["name"])
     with run.step(stage, model=model) as budget:
@@ -1188,11 +1171,10 @@ class Client(object):
 
 
 def http_opener(context, loopback):
-    """urllib's opener for the checks: redirects reported, never followed
-    (they can leak the token to other hosts); an ASCII host resolved as bytes
-    (a str makes socket load the idna codec, 3 ms); TLS as tls_context()
-    says; no proxy for a loopback host. urllib, http.client and ssl load
-    here, so that a run that sends nothing never loads them."""
+    """urllib's opener: redirects reported, never followed (they can leak the
+    token); an ASCII host resolved as bytes (a str loads the idna codec, 3 ms);
+    no proxy for a loopback host. Imported here: a run that sends nothing
+    never loads urllib."""
     import http.client
     import urllib.request
 
@@ -1308,10 +1290,9 @@ MAX_INT_DIGITS = 4300
 
 
 def parse_json(text):
-    """JSON text from a server as Python values. ValueError when it is not
-    JSON, nests too deeply, or holds an integer of more than MAX_INT_DIGITS
-    (Python 3.11's own limit: before it, parsing one is quadratic and holds
-    the interpreter past any deadline)."""
+    """A server's JSON text as values; ValueError when it is not JSON, nests
+    too deeply, or holds an integer of more than MAX_INT_DIGITS (3.11's own
+    limit: before it, parsing one is quadratic and outlasts any deadline)."""
     try:
         return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
     except RecursionError:
@@ -1377,10 +1358,9 @@ def check_gpu(run):
 
 
 def first_backend(run, ends_at):
-    """(name, snapshot) of the first GPU backend that answers. Under
-    --gpu-backend auto a failing NVIDIA backend moves on to AMD only when no
-    NVIDIA GPU is on the host (NVIDIA's userspace on an AMD host), never past
-    a dead NVIDIA driver to an AMD integrated GPU."""
+    """(name, snapshot) of the first GPU backend that answers. Under auto, a
+    failing NVIDIA backend moves on to AMD only on a host without an NVIDIA
+    GPU: never past a dead NVIDIA driver to an AMD integrated GPU."""
     auto = run.opts.gpu_backend == "auto"
     absent, failure = [], None
     for name, probe in GPU_PROBES:
@@ -1432,15 +1412,11 @@ def gpu_label(gpu):
 
 
 def select_gpus(gpus, ids, environ):
-    """The GPUs the job will use: (selected, unmatched ids, notes).
-
-    --gpu-id takes indexes and UUID prefixes; otherwise the UUIDs listed in
-    CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES. Indexes in those two are
-    ignored: CUDA's order need not be NVML's. A MIG UUID selects that MIG
-    device; the older MIG-GPU-<uuid>/gi/ci form selects its parent GPU. By
-    default every GPU this user may open is chosen (not MIG devices: their
-    parent covers them).
-    """
+    """The GPUs the job will use: (selected, unmatched ids, notes). --gpu-id
+    takes indexes and UUID prefixes, else the UUIDs in CUDA_VISIBLE_DEVICES or
+    NVIDIA_VISIBLE_DEVICES (not their indexes: CUDA's order need not be NVML's).
+    A MIG UUID selects that MIG device, MIG-GPU-<uuid>/gi/ci its parent. By
+    default: every GPU this user may open (a MIG device's parent covers it)."""
     notes = []
     for var in () if ids else ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         items = [i.strip() for i in environ.get(var, "").split(",") if i.strip()]
@@ -1544,7 +1520,7 @@ def spawn(run, child=None, argv=None, env=None):
             os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
             os.dup2(null, 2)
             os.closerange(3, wfd)   # a stuck probe must hold no lock or pipe
-            os.closerange(wfd + 1, open_files_limit())
+            os.closerange(wfd + 1, min(os.sysconf("SC_OPEN_MAX"), 1 << 20))
             if argv:
                 os.execve(argv[0], argv, env)
             data = json.dumps(child()).encode("utf-8")
@@ -1563,11 +1539,9 @@ def spawn(run, child=None, argv=None, env=None):
 
 
 def collect(run, pid, rfd, ends_at, what, reaped_by=None):
-    """The child's output and exit status (None: it has not ended by
-    reaped_by, or PROBE_REAP_WAIT after its output ended).
-
-    Raises Fail (75, "GPU probe hung") when the output does not end in time.
-    """
+    """The child's output and exit status (None: not ended by reaped_by, or
+    PROBE_REAP_WAIT after its output ended); Fail (75) when the output does
+    not end in time."""
     import select
     poller = select.poll()      # select() cannot watch a descriptor past 1023
     poller.register(rfd, select.POLLIN)
@@ -1687,9 +1661,8 @@ NVML_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-
 
 
 def nvml_candidates(path):
-    """Where NVML may be, in order: --nvml-lib alone, else the directories
-    of LD_LIBRARY_PATH, the dynamic linker's cache and NVML_DIRS. Absolute
-    paths only, so that what is loaded is what was checked."""
+    """Where NVML may be: --nvml-lib alone, else in LD_LIBRARY_PATH, the
+    linker's cache, NVML_DIRS; absolute, so what is loaded is what was checked."""
     if path:
         return [path]
     found = [os.path.join(d, NVML_NAME) for d in
@@ -1928,13 +1901,10 @@ def probe_smi(run, ends_at):
 
 
 def parse_smi_csv(text):
-    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as
-    (index or None, bus id, why)).
-
-    A field in brackets ([N/A], [Not Supported]) is unknown (None), never 0;
-    lines with another field count are the tool's own messages, skipped,
-    except "Unable to determine the device handle for GPU <bus>: ..." lines.
-    """
+    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as (index
+    or None, bus id, why)). [N/A], [Not Supported] are None, never 0; lines of
+    another field count are the tool's messages, skipped, except "Unable to
+    determine the device handle for GPU <bus>: ..."."""
     gpus, lost = [], []
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(", ")]
@@ -2043,10 +2013,9 @@ def find_command(name, environ):
 
 
 def exec_job(path, argv, lock_fd, inherited):
-    """Become the job: the GPU lock inherited, SIGINT, SIGTERM and SIGCHLD as
-    this process found them, SIGPIPE and SIGXFSZ back to default (Python
-    ignores them). A file without #! runs under /bin/sh, as execvp does. Returns
-    (status, why) only when that fails."""
+    """Become the job: the lock inherited, signals as this process found them
+    (SIGPIPE and SIGXFSZ, which Python ignores, at default); a file without #!
+    runs under /bin/sh, as execvp does. Returns (status, why) when it fails."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
                    signal.SIGCHLD):
         keep = inherited.get(signum) is signal.SIG_IGN
@@ -2086,13 +2055,11 @@ def job_environment():
 
 
 def take_lock(path):
-    """An exclusive flock on path, held as long as the descriptor lives.
-
-    Raises Fail: 75 when another holds it, 78 when path cannot be a lock.
-    The file is never deleted: deleting a flock file races with its takers.
-    """
-    import fcntl
+    """An exclusive flock on path, held as long as the descriptor lives; Fail
+    75 when another holds it, 78 when path cannot be a lock. Never deleted:
+    deleting a flock file races with its takers."""
     try:
+
         fd = open_no_follow(path, 0o600)    # flock needs only a read: others
     except OSError as exc:                  # must not open it at all
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
@@ -2358,25 +2325,23 @@ def metrics_text(run, skips, now):
 def report(run):
     """Write the verdict: syslog always, stdout for --json, stderr as asked."""
     opts = run.opts
-    elapsed_ms = (time.monotonic() - run.started) * 1000.0
+    facts = verdict_facts(run, (time.monotonic() - run.started) * 1000.0)
 
     def hide(text):     # again on the whole output: nothing echoed gets out
         return redact(text, server_text=False)
 
-    line = hide(log_line(run, elapsed_ms))
+    line = hide(" ".join("%s=%s" % (f[0], quote(f[-1]) if f[0] == "reason" else
+                                    log_value(f[-1])) for f in facts if f[0]))
     problem = None
     if not opts.no_syslog and not run.unchanged:
-        target = None
         start_lookup(run)
-        if run.lookup is not None:
-            target = run.lookup.result(min(SYSLOG_WAIT,
-                                           run.deadline_at - time.monotonic()))
+        wait = lambda: min(SYSLOG_WAIT, run.deadline_at - time.monotonic())
         problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
-                              opts.syslog_address, target,
-                              min(SYSLOG_WAIT, run.deadline_at - time.monotonic()))
+                              opts.syslog_address, run.lookup and run.lookup.result(wait()),
+                              wait())
     if opts.json:
-        emit("stdout", hide(json.dumps(verdict_json(run, elapsed_ms), sort_keys=True))
-             + "\n")
+        emit("stdout", hide(json.dumps(dict((f[1], f[2]) for f in facts if f[1]),
+                                       sort_keys=True)) + "\n")
     if opts.quiet:
         return
     if opts.verbose:
@@ -2420,36 +2385,37 @@ def verdict_reason(run):
     return run.reason
 
 
-def log_line(run, elapsed_ms):
-    """The one line written to syslog (and with -v to stderr)."""
-    fields = [("result", "ready" if run.code == EX_OK else "skip"),
-              ("code", run.code), ("stage", run.stage),
-              ("reason", verdict_reason(run)), ("host", run.opts.host),
-              ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
-    if len(run.models) > 1:
-        fields.append(("models", ", ".join("%s %s %s" % (
-            m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
-            else "%dms" % m["warmup_ms"]) for m in run.models)))
-    fields += [("%s_ms" % name, int(round(ms))) for name, ms in stage_totals(run)]
-    loaded = run.models[0]["was_loaded"] if run.models else None
-    if loaded is not None:
-        fields.append(("was_loaded", "yes" if loaded else "no"))
-    if run.vram_pct is not None:
-        fields.append(("vram_pct", run.vram_pct))
-    if run.api != "ollama":
-        fields.append(("api", run.api))
-    if run.attempt > 1:
-        fields.append(("attempts", run.attempt))
-    if run.reused:
-        fields.append(("shared", "reused"))
-    if run.problems:
-        fields.append(("problem", "; ".join(run.problems)))
-    if run.gpu:
-        fields.append(("gpu_backend", run.gpu["backend"]))
-        for n, gpu in enumerate(run.gpu["gpus"]):
-            fields.append(("gpu%d" % n, gpu_summary(gpu)))
-    return " ".join("%s=%s" % (k, quote(v) if k == "reason" else log_value(v))
-                    for k, v in fields)
+def verdict_facts(run, elapsed_ms):
+    """Every fact of the verdict once, as (its key in the log line, its key in
+    --json, its value[, its form in the log line]). A key None: not in that
+    output; the log line leaves out what would say nothing."""
+    ready, models, opts = run.code == EX_OK, run.models, run.opts
+    loaded = models[0]["was_loaded"] if models else None
+    return [
+        ("result", "result", "ready" if ready else "skip"), (None, "ready", ready),
+        ("code", "exit_code", run.code), ("stage", "stage", run.stage),
+        ("reason", "reason", verdict_reason(run)), ("host", "host", opts.host),
+        ("model", "model", run.model),
+        ("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
+        ("models" if len(models) > 1 else None, "models",
+         [dict((k, v) for k, v in m.items() if k != "size") for m in models],
+         ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
+                                 else "%dms" % m["warmup_ms"]) for m in models)),
+    ] + [("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
+        ("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
+         "yes" if loaded else "no"),
+        ("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
+        ("api" if run.api != "ollama" else None, "api", run.api),
+        ("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
+        ("shared" if run.reused else None, "reused", run.reused is not None, "reused"),
+        ("problem" if run.problems else None, "problems", run.problems,
+         "; ".join(run.problems)),
+        ("gpu_backend" if run.gpu else None, "gpu", run.gpu, run.gpu and run.gpu["backend"]),
+    ] + [("gpu%d" % n, None, gpu_summary(gpu))
+         for n, gpu in enumerate(run.gpu["gpus"] if run.gpu else ())] + [
+        (None, "version", __version__), (None, "timeout_s", opts.timeout),
+        (None, "deadline_s", opts.deadline), (None, "warmup", opts.warmup),
+        (None, "stages", run.stages)]
 
 
 def gpu_summary(gpu):
@@ -2459,23 +2425,6 @@ def gpu_summary(gpu):
     problem = gpu["error"] or gpu["health"]
     return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
                              gpu["name"] or "-")
-
-
-def verdict_json(run, elapsed_ms):
-    """The --json object."""
-    return {
-        "version": __version__, "ready": run.code == EX_OK,
-        "exit_code": run.code, "result": "ready" if run.code == EX_OK else "skip",
-        "host": run.opts.host, "model": run.model, "stage": run.stage,
-        "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
-        "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
-        "warmup": run.opts.warmup,
-        "model_was_loaded": run.models[0]["was_loaded"] if run.models else None,
-        "models": [dict((k, v) for k, v in m.items() if k != "size") for m in run.models],
-        "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
-        "attempts": run.attempt, "reused": run.reused is not None, "api": run.api,
-        "problems": run.problems,
-    }
 
 
 def stage_totals(run):
@@ -2579,17 +2528,8 @@ def redact(text, server_text=True):
     return "".join(out)
 
 
-def severity_of(code):
-    if code == EX_OK:
-        return SEV_INFO
-    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
-
-
 #: syslog severities used: ready, skipped, configuration or internal error.
 SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
-
-#: Where syslog lines go unless --syslog-address says otherwise.
-DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
 #: The most a UDP collector's name lookup, or a local stream socket, may
 #: hold the exit after the verdict (never past the deadline).
@@ -2600,54 +2540,41 @@ NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
              "systemd-journald) or name a listening socket or UDP collector with "
              "--syslog-address; until then skips are printed on stderr")
 
-#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
-FACILITIES = {
-    "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5,
-    "lpr": 6, "news": 7, "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11,
-    "local0": 16, "local1": 17, "local2": 18, "local3": 19,
-    "local4": 20, "local5": 21, "local6": 22, "local7": 23,
-}
 
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+def severity_of(code):
+    if code == EX_OK:
+        return SEV_INFO
+    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
 
 
 def syslog_message(line, severity, facility, udp, now=None):
     """An RFC 3164 datagram; the hostname only for UDP (local sockets add it)."""
     stamp = time.localtime(now)
-    head = "<%d>%s %2d %02d:%02d:%02d " % (
-        facility * 8 + severity, _MONTHS[stamp.tm_mon - 1], stamp.tm_mday,
-        stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
+    month = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()[stamp.tm_mon - 1]
+    head = "<%d>%s %2d %02d:%02d:%02d " % (facility * 8 + severity, month, stamp.tm_mday,
+                                            stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
     if udp:
         head += (socket.gethostname().split(".")[0] or "localhost") + " "
     return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
 
 
 def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
-    """Send one line; never raises, never takes longer than wait. Returns an
-    error or None. A local socket that is a stream (syslog-ng's
-    unix-stream("/dev/log"), some containers) gets what glibc's syslog(3)
-    sends it: the message and a NUL byte.
-
-    udp_target: the resolved (family, sockaddr) of a HOST:PORT address.
-    """
-    sock = None
+    """Send one line (to a UDP collector: to udp_target, its resolved (family,
+    sockaddr)); an error or None, never longer than wait. A local socket that
+    is a stream (syslog-ng's unix-stream("/dev/log"), some containers) gets
+    what glibc's syslog(3) sends it: the message and a NUL byte."""
+    udp, sock = isinstance(address, tuple), None
+    if udp and udp_target is None:
+        return "cannot resolve syslog host %s in time" % address[0]
+    message = syslog_message(line, severity, facility, udp)
     try:
-        if isinstance(address, tuple):
-            if udp_target is None:
-                return "cannot resolve syslog host %s in time" % address[0]
-            sock = socket.socket(udp_target[0], socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.sendto(syslog_message(line, severity, facility, True), udp_target[1])
-            return None
-        message = syslog_message(line, severity, facility, False)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock = socket.socket(udp_target[0] if udp else socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setblocking(False)
         try:
-            sock.sendto(message, address)
+            sock.sendto(message, udp_target[1] if udp else address)
             return None
         except OSError as exc:
-            if exc.errno != errno.EPROTOTYPE:
+            if udp or exc.errno != errno.EPROTOTYPE:
                 raise
         sock.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -2662,25 +2589,25 @@ def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_
     return None
 
 
-class Lookup(object):
+class Lookup(threading.Thread):
     """getaddrinfo of a UDP syslog host, in the background from the start of
     the run: DNS can stall, and neither the verdict nor the deadline waits."""
 
     def __init__(self, host, port):
-        self.target = None
-        self._thread = threading.Thread(target=self._resolve, args=(host, port))
-        self._thread.daemon = True
-        self._thread.start()
+        threading.Thread.__init__(self, daemon=True)
+        self.address, self.target = (host, port), None
+        self.start()
 
-    def _resolve(self, host, port):
+    def run(self):
         try:
-            info = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+            info = socket.getaddrinfo(self.address[0], self.address[1], 0,
+                                      socket.SOCK_DGRAM)[0]
             self.target = (info[0], info[4])
         except (OSError, UnicodeError, ValueError, IndexError):
             pass
 
     def result(self, wait):
-        self._thread.join(max(0.0, wait))
+        self.join(max(0.0, wait))
         return self.target
 
 
@@ -2709,10 +2636,6 @@ def parse_count(text, most=10 ** 9):
     if not is_digits(text.strip()) or int(text) > most:
         raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
     return int(text)
-
-
-def parse_percent(text):
-    return parse_count(text, 100)
 
 
 def parse_choice(*choices):
@@ -2813,12 +2736,6 @@ def parse_require(text):
     return [(model.strip() or None, caps)]
 
 
-def split_require(text):
-    """--require items of an environment or config value: "tools, vision
-    qwen3=thinking" is two items (a comma joins, a blank parts)."""
-    return re.sub(r"\s*,\s*", ",", text).split()
-
-
 def shlex_split(text):
     """Words of an environment or config value, quoted as in a shell."""
     import shlex
@@ -2833,6 +2750,12 @@ def utf8(text):
         return text.encode("utf-8", "surrogateescape").decode("utf-8")
     except UnicodeError:
         return text
+
+
+#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
+FACILITIES = dict(zip("kern user mail daemon auth syslog lpr news uucp cron authpriv ftp "
+                      "local0 local1 local2 local3 local4 local5 local6 local7".split(),
+                      list(range(12)) + list(range(16, 24))))
 
 
 def parse_facility(text):
@@ -2949,6 +2872,9 @@ def _split_host_port(text):
     return host, port
 
 
+#: Where syslog lines go unless --syslog-address says otherwise.
+DEFAULT_SYSLOG_ADDRESS = "/dev/log"
+
 #: Whether an option defines the check (callers share a verdict under
 #: --share-result only when all of these are the same) or only how the check
 #: runs and reports.
@@ -2982,7 +2908,9 @@ OPTIONS = (
          "a model the job uses; repeatable, or NAME,NAME (default: one already "
          "loaded, else the first listed). Each must be present and answer, and "
          "all must sit in VRAM together; an embedding model is proven by a vector"),
-        ("require", None, CHECK, (parse_require, split_require), None,
+        # in the environment or a file, "tools, vision qwen3=thinking" is two
+        ("require", None, CHECK, (parse_require, lambda text: re.sub(
+            r"\s*,\s*", ",", text).split()), None,
          "[MODEL=]CAP[,CAP]", "capabilities the job's generative models (or MODEL) "
          "must declare: %s; repeatable" % ", ".join(CAPABILITIES)),
         ("warmup", None, CHECK, parse_choice("token", "load", "off"), "token", "token|load|off",
@@ -3017,7 +2945,8 @@ OPTIONS = (
          "every checked GPU must be fit, or any one (default all)"),
         ("min-free-mib", None, CHECK, parse_count, None, "MIB",
          "skip unless this much GPU memory is free"),
-        ("max-util", None, CHECK, parse_percent, None, "PCT",
+        ("max-util", None, CHECK, lambda text: parse_count(text, 100), None, "PCT",
+
          "skip when GPU utilisation is above PCT"),
         ("max-procs", None, CHECK, parse_count, None, "N",
          "skip when more than N compute processes use the GPU"),
@@ -3423,13 +3352,6 @@ def read_up_to(read, limit):
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-def open_files_limit():
-    try:
-        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
-    except (OSError, ValueError):
-        return 1024
 
 
 def read_small_file(path, limit):
