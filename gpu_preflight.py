@@ -58,6 +58,7 @@ import errno
 import json
 import os
 import re
+import select
 import signal
 import socket
 import stat
@@ -1530,10 +1531,8 @@ def spawn(run, child=None, argv=None, env=None):
         finally:
             os._exit(status)
     os.close(wfd)
-    try:
+    with contextlib.suppress(OSError):
         os.setpgid(pid, pid)        # also here: a kill may come before the child's
-    except OSError:
-        pass
     run.children.append(pid)
     return pid, rfd
 
@@ -1542,7 +1541,6 @@ def collect(run, pid, rfd, ends_at, what, reaped_by=None):
     """The child's output and exit status (None: not ended by reaped_by, or
     PROBE_REAP_WAIT after its output ended); Fail (75) when the output does
     not end in time."""
-    import select
     poller = select.poll()      # select() cannot watch a descriptor past 1023
     poller.register(rfd, select.POLLIN)
 
@@ -1578,10 +1576,8 @@ def collect(run, pid, rfd, ends_at, what, reaped_by=None):
 def kill_probes(run):
     """SIGKILL every probe's process group still running; wait for none."""
     for pid in run.children:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def forked(run, child, ends_at, what):
@@ -1601,10 +1597,9 @@ def forked(run, child, ends_at, what):
 
 
 #: NVML return codes the GPU stage names (nvml.h nvmlReturn_t).
-NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 3, 7, 9
+NVML_NO_PERMISSION, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 4, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
-NVML_LIB_RM_VERSION_MISMATCH = 18
-NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM = 4, 17
+NVML_OPERATING_SYSTEM, NVML_LIB_RM_VERSION_MISMATCH = 17, 18
 
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
@@ -1667,12 +1662,10 @@ def nvml_candidates(path):
         return [path]
     found = [os.path.join(d, NVML_NAME) for d in
              os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
-    try:
+    with contextlib.suppress(OSError):
         with open("/etc/ld.so.cache", "rb") as handle:
             found += [p.decode("utf-8", "replace") for p in re.findall(
                 br"\x00(/[^\x00]*/libnvidia-ml\.so\.1)(?=\x00)", handle.read(1 << 24))]
-    except OSError:
-        pass
     found += [d + "/" + NVML_NAME for d in NVML_DIRS]
     return [p for i, p in enumerate(found) if p not in found[:i]]
 
@@ -1832,9 +1825,8 @@ class Nvml(object):
 
 
 def nvml_health(rows_pending, rows_failed, pages_pending, uncorrected):
-    """Why a GPU needs a reset or service, or None: row remapping pending or
-    failed, retired pages pending, uncorrectable ECC errors since the driver
-    loaded (each None where the GPU cannot tell)."""
+    """Why a GPU needs a reset or service, or None (each figure None where the
+    GPU cannot tell; uncorrected: ECC errors since the driver loaded)."""
     if rows_failed:
         return "row remapping failed: the GPU needs service"
     if rows_pending:
@@ -1963,10 +1955,8 @@ def amd_snapshot(root):
             return ""
 
     def number(text, shift=0):
-        try:
-            return int(text, 10) >> shift if is_digits(text) else None
-        except ValueError:
-            return None
+        return int(text) >> shift if is_digits(text) else None
+
 
     gpus = []
     names = os.listdir(base) if os.path.isdir(base) else []
@@ -2022,11 +2012,9 @@ def exec_job(path, argv, lock_fd, inherited):
         signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
     if lock_fd is not None:
         os.set_inheritable(lock_fd, True)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         if sys.stdout is not None:
             sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
     try:
         env = job_environment()
         try:
@@ -2042,8 +2030,7 @@ def exec_job(path, argv, lock_fd, inherited):
 
 def job_environment():
     """The environment this process was given (Python 3.7+ adds LC_CTYPE to
-    its own under the C locale), less the token: the job has credentials of
-    its own, and a secret goes no further than it must."""
+    its own), less the token: a secret goes no further than it must."""
     try:
         with open("/proc/self/environ", "rb") as handle:
             env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0")
@@ -2120,12 +2107,9 @@ FLIGHT_POLL = 0.02
 
 class Shared(object):
     """--share-result, --log-changes-only and the skip count: one state file
-    per check in the state directory, and a flight lock beside it.
-
-    The state holds the last check's verdict (time, code, stage, reason,
-    model, pid: what --share-result reuses), the checks in a row that were
-    not ready (skips), and the code last written to syslog (logged).
-    """
+    per check, and a flight lock beside it. The state holds the last check's
+    verdict (time, code, stage, reason, model, pid), the checks in a row that
+    were not ready (skips), and the code last written to syslog (logged)."""
 
     def __init__(self, opts, environ):
         self.opts = opts
@@ -2162,9 +2146,8 @@ class Shared(object):
         return None
 
     def fly(self, run):
-        """Take the flight lock, waiting (to the deadline) while another
-        caller checks, then look at the state again: returns a verdict to
-        reuse, or None when this caller is to check."""
+        """Take the flight lock, waiting (to the deadline) while another caller
+        checks; then a verdict to reuse, or None when this caller is to check."""
         try:
             fd = open_no_follow(self.base + ".lock", 0o600)
         except OSError as exc:      # checked alone, as without --share-result
@@ -2184,10 +2167,9 @@ class Shared(object):
         return self.reusable(since if waited else None)
 
     def unchanged(self, run):
-        """Whether this verdict repeats the last one logged (--log-changes-
-        only). Verdicts that say nothing of the service (a lock held, a bad
-        configuration) are compared only with each other, and never move the
-        service's; the first verdict after a configuration error is news."""
+        """Whether this verdict repeats the last one logged. Verdicts that say
+        nothing of the service (a lock held, a bad configuration) are compared
+        only with each other; the first one after a configuration error is news."""
         before = self.previous
         if run.stage in NOT_A_CHECK:
             return before.get("aside") == [run.code, run.stage]
@@ -2237,10 +2219,8 @@ def state_dir(opts, environ):
         path = ROOT_STATE_DIR
     else:
         path = "/tmp/%s-%d" % (STATE_SUBDIR, os.geteuid())
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
             or info.st_mode & 0o022:
@@ -2253,9 +2233,8 @@ def state_dir(opts, environ):
 
 
 def state_key(opts, environ):
-    """The file name of a check's state: readable, plus a checksum of all that
-    defines the check (options, the GPUs the environment selects, the API,
-    the token's digest, TLS settings)."""
+    """A check's state file name: readable, plus a checksum of all that defines
+    the check (CHECK options, the GPUs the environment selects, the token)."""
     import zlib
     token = None
     if opts.token:              # hashlib only then: importing it costs 2 ms
@@ -2361,8 +2340,8 @@ def report(run):
 
 def emit(name, text):
     """Write text to sys.stdout or sys.stderr (name) at once. A closed or full
-    stream loses the text, never the exit status: it is dropped, so that the
-    interpreter does not fail flushing it again at exit."""
+    stream loses the text, never the exit status: it is dropped (at exit the
+    interpreter would fail flushing it again)."""
     stream = getattr(sys, name)
     try:
         stream.write(text)
@@ -2494,10 +2473,10 @@ def add_secret(secret):
 
 def redact(text, server_text=True):
     """text with every run of characters holding a piece of a secret replaced
-    by [token]. A run swallows a backslash that escapes its first or follows
-    its last character, so a JSON string or a quoted log value stays whole.
-    A secret shorter than a piece is hidden only in server_text, before it
-    is quoted: in a whole line it could be any common letter or a quote."""
+    by [token], with a backslash escaping its first or following its last (a
+    JSON string or quoted log value stays whole). A secret shorter than a
+    piece is hidden only in server_text: in a whole line it could be a letter."""
+
     pieces, n = _SECRETS["pieces"], SECRET_PIECE
     for short in _SECRETS["short"] if server_text else ():
         text = text.replace(short, "[token]")
@@ -2599,12 +2578,10 @@ class Lookup(threading.Thread):
         self.start()
 
     def run(self):
-        try:
+        with contextlib.suppress(OSError, UnicodeError, ValueError, IndexError):
             info = socket.getaddrinfo(self.address[0], self.address[1], 0,
                                       socket.SOCK_DGRAM)[0]
             self.target = (info[0], info[4])
-        except (OSError, UnicodeError, ValueError, IndexError):
-            pass
 
     def result(self, wait):
         self.join(max(0.0, wait))
@@ -2743,9 +2720,8 @@ def shlex_split(text):
 
 
 def utf8(text):
-    """text decoded as UTF-8 where it arrived escaped: Python 3.6 decodes
-    argv and the environment as ASCII under cron's C locale (3.7 and later
-    as UTF-8). Bytes that are not UTF-8 stay escaped."""
+    """text decoded as UTF-8 where it arrived escaped (Python 3.6 decodes argv
+    and the environment as ASCII under the C locale); other bytes stay so."""
     try:
         return text.encode("utf-8", "surrogateescape").decode("utf-8")
     except UnicodeError:
@@ -2807,36 +2783,32 @@ def host_url(value):
     if bad_port is not None or port == "0":
         raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(),
                                                               bad_port or port))
-    if not url.startswith(("http://", "https://")):
-        raise ValueError("%s: only http:// and https:// URLs are supported"
-                         % value.strip())
-    if not usable_host(url_host(url)):
-        raise ValueError("%s: %r is not a host name or IP address"
-                         % (value.strip(), url_host(url)))
+    problem = url_problem(url)
+    if problem:
+        raise ValueError("%s: %s" % (value.strip(), problem))
     return url
 
 
-def usable_host(host):
-    """A host urllib can connect to: a name, an IPv4 or an IPv6 literal."""
-    if ":" not in host:
-        return bool(re.match(r"^[A-Za-z0-9._~-]*$", host))
-    try:
-        socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
-    except (OSError, ValueError):
-        return False
-    return True
+def url_problem(url):
+    """Why urllib cannot use a base URL, or None: it takes http:// and
+    https://, and a host name, an IPv4 or an IPv6 literal."""
+    host = url_host(url)
+    if not url.startswith(("http://", "https://")):
+        return "only http:// and https:// URLs are supported"
+    if ":" not in host and re.match(r"^[A-Za-z0-9._~-]*$", host):
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        if ":" in host and socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0]):
+            return None
+    return "%r is not a host name or IP address" % host
 
 
 def parse_ollama_host(value):
-    """Parse OLLAMA_HOST as Ollama does; return (base URL, the bad port it
-    replaced with the default, or None).
-
-    'http://host' means port 80 and 'https://host' port 443; without a scheme
-    the port is 11434; quotes and spaces are stripped; a path is kept as a
-    prefix; a bad port falls back to the default with a warning.
-    """
+    """(base URL, the bad port replaced with the default, or None) of an
+    OLLAMA_HOST, as Ollama reads it: http://host means port 80, https://host
+    443, no scheme 11434; quotes and spaces stripped; a path kept as a prefix."""
     text = value.strip().strip("\"'").strip()
-    port = "11434"                 # Ollama's own
+    port = "11434"
     if "://" in text:
         scheme, rest = text.split("://", 1)
         port = {"http": "80", "https": "443"}.get(scheme, port)
@@ -2908,7 +2880,7 @@ OPTIONS = (
          "a model the job uses; repeatable, or NAME,NAME (default: one already "
          "loaded, else the first listed). Each must be present and answer, and "
          "all must sit in VRAM together; an embedding model is proven by a vector"),
-        # in the environment or a file, "tools, vision qwen3=thinking" is two
+        # from the environment or a file, "tools, vision qwen3=thinking" is two
         ("require", None, CHECK, (parse_require, lambda text: re.sub(
             r"\s*,\s*", ",", text).split()), None,
          "[MODEL=]CAP[,CAP]", "capabilities the job's generative models (or MODEL) "
@@ -2946,7 +2918,6 @@ OPTIONS = (
         ("min-free-mib", None, CHECK, parse_count, None, "MIB",
          "skip unless this much GPU memory is free"),
         ("max-util", None, CHECK, lambda text: parse_count(text, 100), None, "PCT",
-
          "skip when GPU utilisation is above PCT"),
         ("max-procs", None, CHECK, parse_count, None, "N",
          "skip when more than N compute processes use the GPU"),
@@ -3056,9 +3027,10 @@ def each_option():
 
 def build_parser():
     """The command line: every option defaults to None (= not given)."""
-    parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:7]),
-                     epilog=EPILOG, allow_abbrev=False,
-                     formatter_class=_Formatter)
+    parser = _Parser(prog=PROG, usage="%(prog)s [OPTION ...] [-- COMMAND [ARG ...]]",
+                     description="\n\n".join(__doc__.split("\n\n")[:7]), epilog=EPILOG,
+                     allow_abbrev=False, formatter_class=_Formatter)
+
     for title, options in OPTIONS:
         group = parser.add_argument_group(title)
         for name, short, _, kind, default, metavar, text in options:
@@ -3080,11 +3052,9 @@ def build_parser():
 
 
 def configure(ns, environ):
-    """Options for this run, plus a configuration error message or None.
-
-    On error the options still carry what flags and defaults say, so the
-    error is logged where the command line asked.
-    """
+    """Options for this run, plus a configuration error message or None (the
+    options then carry what flags and defaults say: the error is logged where
+    the command line asked)."""
     path, must_exist = config_path(ns, environ)
     try:
         values = read_config_file(path, must_exist)
@@ -3101,9 +3071,9 @@ def configure(ns, environ):
 
 def config_path(ns, environ):
     """(path, whether it must exist) of the config file: --config, else
-    GPU_PREFLIGHT_CONFIG, else, not running as root, the user's
-    $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config) when it exists (where
-    install.sh --sysconfdir "$HOME/.config" puts it), else DEFAULT_CONFIG."""
+    GPU_PREFLIGHT_CONFIG, else (not as root) $XDG_CONFIG_HOME/gpu_preflight.conf
+    (~/.config: install.sh --sysconfdir "$HOME/.config") when it exists, else
+    DEFAULT_CONFIG."""
     given = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
     if given:
         return given, True
@@ -3154,10 +3124,8 @@ def read_config_file(path, must_exist):
 
 
 def resolve_options(ns, environ, file_values, file_name="config file"):
-    """Merge flags, environment, file and defaults into one Namespace.
-
-    Raises ConfigError for a bad environment or file value.
-    """
+    """Flags, environment, file and defaults merged into one Namespace;
+    ConfigError for a bad environment or file value."""
     file_values = file_values or {}
     opts = argparse.Namespace(said=[])     # said: what -v tells about the setup
     for name, _, _, kind, default, _, _ in each_option():
@@ -3174,7 +3142,10 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                 value = _from_text(kind, file_values[name])
         except ValueError as exc:
             raise ConfigError("%s: %s" % (source, exc))
-        setattr(opts, attr, default if value is None else value)
+        value = default if value is None else value
+        if isinstance(kind, tuple):     # repeated flags: one list
+            value = [x for part in value or () for x in part]
+        setattr(opts, attr, value)
     if opts.host is None:
         opts.host = DEFAULT_HOST
         if environ.get("OLLAMA_HOST", "").strip():
@@ -3183,12 +3154,10 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                 opts.said.append("OLLAMA_HOST=%s: invalid port %r, using %s as Ollama "
                                  "does" % (sanitise(environ["OLLAMA_HOST"]), bad_port,
                                            opts.host.rsplit(":", 1)[1]))
-            if not opts.host.startswith(("http://", "https://")):
-                raise ConfigError("OLLAMA_HOST=%r: only http:// and https:// "
-                                  "are supported" % environ["OLLAMA_HOST"])
-            if not usable_host(url_host(opts.host)):
-                raise ConfigError("OLLAMA_HOST=%r: %r is not a host name or IP address"
-                                  % (environ["OLLAMA_HOST"], url_host(opts.host)))
+            problem = url_problem(opts.host)
+            if problem:
+                raise ConfigError("OLLAMA_HOST=%r: %s" % (environ["OLLAMA_HOST"], problem))
+
     opts.gpu = bool(opts.gpu or opts.gpu_backend or opts.nvml_lib or opts.gpu_id
                     or opts.strict_gpu
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
@@ -3196,10 +3165,6 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
     opts.token = opts.tls_context = None    # read_token() and tls_context()
     if opts.deadline is None:
         opts.deadline = DEFAULT_DEADLINE + (opts.wait or 0) + (opts.jitter or 0)
-    for name, _, _, kind, _, _, _ in each_option():    # repeated flags: one list
-        attr = name.replace("-", "_")
-        if isinstance(kind, tuple):
-            setattr(opts, attr, [x for part in getattr(opts, attr) or () for x in part])
     opts.ollama_option = dict(opts.ollama_option)
     if opts.verbose and opts.quiet:     # a flag beats the environment and file
         if ns.verbose or ns.quiet:
@@ -3219,11 +3184,9 @@ def _from_text(kind, text):
 
 
 def read_token(opts, environ):
-    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None.
-
-    Raises Fail (78): a token file others can read while running as root,
-    an empty file, or a token a header cannot carry.
-    """
+    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None; Fail
+    (78) for a file others can read (as root), an empty one, or a token a
+    header cannot carry."""
     path, where = opts.token_file, "GPU_PREFLIGHT_TOKEN"
     text = environ.get(ENV_PREFIX + "TOKEN", "")
     if text.strip():
@@ -3274,13 +3237,11 @@ def tls_context(opts):
 # ---- Files that root reads or writes: trusted, bounded, never blocking ------
 
 def untrusted(path):
-    """Why someone other than this user or root could have written path (a
-    file this process reads configuration or a secret from, or loads code
-    from), or None. OpenSSH's StrictModes: the file and every directory above
-    it are owned by this user or root and writable by no one else; a sticky
-    directory such as /tmp is fine above an entry that passes; a symlink is
-    judged by its owner, the directory holding it and what it points to.
-    Raises OSError when the path cannot be looked up."""
+    """Why someone other than this user or root could have written path, or
+    None; OSError when it cannot be looked up. OpenSSH's StrictModes: the file
+    and every directory above it owned by this user or root and writable by
+    no one else (a sticky /tmp is fine above an entry that passes); a symlink
+    judged by its owner, the directory holding it and what it points to."""
     owners = (0, os.geteuid())
     todo = [p for p in os.path.join(os.getcwd(), path).split("/") if p]  # no lexical ..
     here, hops = "/", 0
@@ -3341,9 +3302,8 @@ def read_trusted(path, limit):
 
 
 def read_up_to(read, limit):
-    """What read(size) gives until it gives b"", or more than limit bytes
-    (then limit + 1 of them, so the caller can say "too large"); never asks
-    for more than 64 KiB at a time (read(limit) would allocate limit)."""
+    """What read(size) gives until b"", or limit + 1 bytes (the caller can say
+    "too large"); 64 KiB at a time (read(limit) would allocate limit)."""
     chunks, size = [], 0
     while size <= limit:
         chunk = read(min(65536, limit + 1 - size))
@@ -3355,11 +3315,8 @@ def read_up_to(read, limit):
 
 
 def read_small_file(path, limit):
-    """The bytes of a regular file of at most `limit` bytes.
-
-    Never blocks on a FIFO or device, never reads more than limit + 1 bytes;
-    raises OSError, or ValueError for a file that is not small and regular.
-    """
+    """The bytes of a regular file of at most limit bytes, never blocking on a
+    FIFO or device; OSError, or ValueError when it is not small and regular."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # novermin: flags, not types
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -3396,10 +3353,9 @@ def create_no_follow(path, mode, flags, dir_fd=None):
 
 def write_atomic(path, data, mode):
     """Replace path with data: a temporary file beside it, then rename, both
-    through a descriptor of the directory. The directory itself is not a
-    symlink, and is this user's or root's and writable by no one else
-    (sticky /tmp aside): one that another user could swap or write would
-    take root's file wherever they like."""
+    through a descriptor of the directory, which is no symlink, this user's
+    or root's, and writable by no one else (sticky /tmp aside): another
+    user's could take root's file wherever they like."""
     directory, name = os.path.split(path)
     dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # novermin
     try:
@@ -3442,15 +3398,13 @@ class ConfigError(Exception):
 
 
 class Fail(Exception):
-    """A stage ended the run with an exit status and a reason."""
+    """A stage ended the run with an exit status and a reason (status and
+    detail: the HTTP status and the server's own message, if any)."""
 
     def __init__(self, code, reason, stage=None, status=None, detail=None):
         Exception.__init__(self, reason)
-        self.code = code
-        self.reason = reason
-        self.stage = stage
-        self.status = status        # the HTTP status, when there was one
-        self.detail = detail        # and the server's own message
+        self.code, self.reason, self.stage = code, reason, stage
+        self.status, self.detail = status, detail
 
 
 class TimedOut(Exception):
