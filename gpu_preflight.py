@@ -93,8 +93,7 @@ DEFAULT_HOST = "http://127.0.0.1:11434"
 DEFAULT_TIMEOUT = 3.0
 DEFAULT_DEADLINE = 10.0
 
-#: The GPU stage's own limit (capped by the deadline): NVML without
-#: persistence mode initialises every GPU, 1 to 3 s each.
+#: The GPU stage's own limit: NVML without persistence mode takes 1-3 s a GPU.
 DEFAULT_GPU_TIMEOUT = 5.0
 
 #: The GPU thresholds: (option, figure, unit, True when the figure must be
@@ -127,9 +126,8 @@ MAX_CONFIG = 64 * 1024
 # ---- main and the attempt loop: supervision, deadline, signals --------------
 
 def main(argv=None, started=None):
-    """Parse, check, report; return the exit status (nothing else exits).
-    started: the monotonic() time the deadline counts from (the process's
-    start from the command line; "now" for a caller importing this module)."""
+    """Parse, check, report; the exit status (nothing else exits). started: the
+    monotonic() time the deadline counts from (else now: a caller importing)."""
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
     if previous:                # probes are waited for: an ignored SIGCHLD reaps them
@@ -158,8 +156,7 @@ def main(argv=None, started=None):
 
 
 def parse_command_line(args):
-    """(options as given, COMMAND after --, or None); a usage error is said
-    on stderr and ends the run (_ParserExit 64)."""
+    """(options as given, COMMAND after -- or None); a usage error ends the run (64)."""
     command = args[args.index("--") + 1:] if "--" in args else None
     args = args[:args.index("--")] if command is not None else args
     try:
@@ -183,8 +180,7 @@ def parse_command_line(args):
 
 
 def check(ns, command, started):
-    """The configuration, the COMMAND and the lock, then the checks: the Run
-    holding the verdict, the shared state, and what the job needs."""
+    """Configuration, COMMAND, lock, then the checks: (Run, shared state, the job)."""
     for secrets in _SECRETS.values():
         secrets.clear()
     opts, problem = configure(ns, os.environ)
@@ -213,8 +209,7 @@ def check(ns, command, started):
 
 
 def finish(run, shared, job, previous):
-    """Keep the state, report, and on a ready verdict become the job; the
-    exit status when the job did not start."""
+    """Keep the state, report, and on a ready verdict become the job; else the exit status."""
     late = []                       # a signal now must not be lost, nor cut the report
     _set_signals(lambda signum, frame: late.append(signum))
     kill_probes(run)
@@ -242,8 +237,7 @@ WAIT_FIRST, WAIT_MOST, MIN_ATTEMPT = 1.0, 15.0, 0.5
 
 
 def check_until_ready(run, shared):
-    """The checks (or a shared verdict), retried with backoff under --wait;
-    returns the Run that holds the final verdict."""
+    """The checks (or a shared verdict), retried under --wait: the Run of the verdict."""
     opts = run.opts
     share = shared is not None and opts.share_result
     try:
@@ -282,9 +276,7 @@ def check_until_ready(run, shared):
 
 
 def retry_time(run):
-    """How long --wait may still pause before another attempt: attempts go
-    on while time remains, none with under MIN_ATTEMPT before the deadline
-    (the last attempt's stages are cut there)."""
+    """How long --wait may pause before another attempt (none with under MIN_ATTEMPT left)."""
     return min(run.started + (run.opts.wait or 0) - time.monotonic(),
                run.deadline_at - time.monotonic() - MIN_ATTEMPT)
 
@@ -317,8 +309,7 @@ STAGE_WHAT = {
 
 
 class Stage(object):
-    """The stage under way: its name, start, the time its budget ends, what
-    it sends and the model it warms, if any."""
+    """The stage under way: name, start, budget's end, what it sends, the model it warms."""
 
     def __init__(self, name, started, ends_at, optional, what, model):
         self.name, self.started, self.ends_at = name, started, ends_at
@@ -405,7 +396,6 @@ class Run(object):
                 self.wake.set()
 
     def decide(self, code, stage, reason):
-        """Set the verdict unless one is set already."""
         with self._lock:
             if self.code is None:
                 self.code, self.stage, self.reason = code, stage, reason
@@ -419,8 +409,7 @@ class Run(object):
                                  state.get("reason", "")))
 
     def interrupt(self, signum, stage):
-        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut), which
-        replaces any other, such as an attempt's that --wait would retry."""
+        """The verdict of SIGINT or SIGTERM (stage: the Stage cut), over any other."""
         with self._lock:
             if stage:
                 where = " during " + stage.what
@@ -438,8 +427,7 @@ class Run(object):
         self.decide(EX_SOFTWARE, self.current and self.current.name, internal_error(exc))
 
     def job_failed(self, code, why):
-        """After a ready verdict, the job did not start: that is the verdict,
-        and news however often the check was ready before."""
+        """The job did not start after a ready verdict: that is the verdict, and news."""
         with self._lock:
             self.code, self.stage, self.reason, self.notes = code, "command", why, []
             self.unchanged = False
@@ -451,8 +439,7 @@ class Run(object):
 
     def timeout_reason(self, stage):
         """Why a stage ran out of time, with the cold-model fix when it applies."""
-        budget = stage.ends_at - stage.started
-        if budget < self.opts.timeout - 1e-3:
+        if stage.ends_at - stage.started < self.opts.timeout - 1e-3:  # the deadline cut it
             text = self.deadline_text("during " + stage.what)
             if self.before:
                 text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
@@ -480,18 +467,15 @@ class Run(object):
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
 
 
-#: How long past a stage's budget the watchdog waits for the socket timeout
-#: to report it itself, before it declares the stage timed out. An optional
-#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
+#: How long past a stage's budget the watchdog lets the socket timeout speak
+#: first; longer for an optional stage (its timeout a note, the watchdog's a skip).
 STAGE_GRACE = 0.05
 OPTIONAL_GRACE = 0.25
 
 
 def supervise(run, work):
-    """Run work(run) in a thread until it ends or a limit is hit: a socket
-    timeout does not bound a trickling answer or a stalled DNS lookup, so
-    this watchdog abandons the (daemon) thread when its stage's budget or
-    the deadline runs out."""
+    """Run work(run) in a daemon thread, abandoned when its stage's budget or
+    the deadline runs out: a socket timeout bounds no trickle nor DNS stall."""
     def target():
         try:
             reason = work(run)
@@ -533,7 +517,6 @@ def _raise_interrupt(signum, frame):
 
 
 def _set_signals(handler):
-    """Install handler for SIGINT/SIGTERM; return the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     return dict((s, signal.signal(s, handler)) for s in (signal.SIGINT, signal.SIGTERM))
@@ -619,15 +602,13 @@ def choose_models(run, listed, wanted, where=None, listing=None):
 
 
 def find_model(wanted, names):
-    """The listed name that means model `wanted` (the exact one first, then
-    as Ollama compares names), or None."""
+    """The listed name meaning model wanted (the exact one first), or None."""
     found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
     return found[0] if found else None
 
 
 def entries_of(model, running):
-    """The /api/ps entries that are this model: by name, or by the digest
-    /api/tags gave it (two tags of one blob share one runner, listed once)."""
+    """The /api/ps entries of this model: by name or digest (tags of one blob: one runner)."""
     digest = model["entry"].get("digest")
     return [m for m in running if same_model(_name(m), model["name"]) or (
         isinstance(digest, str) and digest and m.get("digest") == digest)]
@@ -638,7 +619,6 @@ def model_names(run):
 
 
 def answered(run):
-    """The ready reason: what each model answered."""
     said = ["%s %s" % (m["name"], "a vector" if m["kind"] == "embed" else "the load"
                        if run.opts.warmup == "load" else "a token") for m in run.models]
     if len(said) == 1:
@@ -679,11 +659,10 @@ def capabilities(doc, what, stage=None):
 
 
 def check_requirements(run, observed=False):
-    """--require: the capabilities the job's models must declare (CAP for
-    every generative model, MODEL=CAP for one). Fail (78) naming what is
-    lacking; a server that declares none gets a problem note instead.
-    observed: after the warm-ups, hold "completion" and "embedding" to the
-    kind each model showed (the only word on it from OpenAI servers)."""
+    """--require (CAP of every generative model, MODEL=CAP of one): Fail (78)
+    naming what is lacking; a problem noted for a server that declares none.
+    observed: after the warm-ups, hold completion and embedding to the kind
+    each model showed (OpenAI servers' only word on it)."""
     require = run.opts.require
     strays = [t for t, _ in require if t and not any(
         same_model(t, m["name"]) for m in run.models)]
@@ -726,17 +705,15 @@ def check_requirements(run, observed=False):
                             % ", ".join(sanitise(n) for n in unknown))
 
 
-#: An Ollama answer meaning "an embedding model, it cannot generate" (all
-#: releases: 'embedding models do not support generate', 'M does not support
-#: generate', '"M" does not support generate').
+#: Ollama's refusal to generate with an embedding model, as every release words it.
 _EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not support)"
 
 
 def ollama_generate(run, client, model):
-    """Warm a model with POST /api/generate: one token (or only the load);
-    False when the server says it is an embedding model."""
+    """POST /api/generate: one token (or only the load); False from an embedding model."""
     opts = run.opts
-    payload = ollama_payload(opts, model, dict(opts.ollama_option, num_predict=1), stream=False,
+    payload = ollama_payload(opts, model, dict(opts.ollama_option, num_predict=1),
+                             stream=False,
                              prompt=WARMUP_PROMPT if opts.warmup == "token" else "")
     what = "POST /api/generate for %s" % model["name"]
     with run.step("warmup", model=model) as budget:
@@ -815,8 +792,7 @@ def ollama_embed(run, client, model):
 
 
 def need_vector(doc, vector, what, field):
-    """Fail unless vector is a non-empty list of numbers (or of such lists:
-    per-token vectors); an error in a 200 answer is the model's error."""
+    """Fail unless vector is a non-empty list of numbers (or of such lists, per token)."""
     error = answer_error(doc)
     if error is not None:
         raise model_error(what, error)
@@ -830,8 +806,7 @@ def need_vector(doc, vector, what, field):
 
 
 def answer_error(doc):
-    """The error text inside a 200 answer ({"error": ...}, or vLLM's
-    {"object": "error", "message": ...}), or None."""
+    """The error text in a 200 answer ({"error": ...}, vLLM's {"object": "error"}), or None."""
     if doc.get("error") is not None:
         return error_text(doc["error"])
     if doc.get("object") == "error":
@@ -847,7 +822,6 @@ def error_text(value):
 
 
 def running_models(run, client, budget):
-    """The /api/ps entries, or None from a server without /api/ps."""
     try:
         return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
     except Fail as exc:
@@ -860,7 +834,6 @@ def running_models(run, client, budget):
 
 
 def model_list(doc, what):
-    """The model names of a /api/tags or /api/ps answer."""
     models = doc.get("models")
     if not isinstance(models, list):
         raise Fail(EX_CONFIG, not_server("ollama", "%s has no models list" % what))
@@ -868,15 +841,13 @@ def model_list(doc, what):
 
 
 def _name(entry):
-    """A model entry's name ("name", else "model"), or None; a name of more
-    than 512 characters is no model's, and every output would carry it."""
+    """A model entry's name ("name", else "model"), or None; 512 characters at most."""
     return next((entry[key] for key in ("name", "model") if isinstance(
         entry.get(key), str) and entry[key].strip() and len(entry[key]) <= 512), None)
 
 
 def whole_number(doc, key, what):
-    """doc[key] when it is a count a server could mean (0 to 2**63), None
-    when absent; otherwise Fail (69) naming the field."""
+    """doc[key] if absent (None) or a count a server could mean (< 2**63), else Fail (69)."""
     value = doc.get(key)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)
                          and 0 <= value < 2 ** 63):
@@ -893,9 +864,8 @@ def check_placement(run, running):
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
         if entries:
-            size, vram = (whole_number(entries[0], key, "GET /api/ps")
-                          for key in ("size", "size_vram"))
-            model["size_vram"], model["size"] = vram, size
+            model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
+                                                 for key in ("size", "size_vram"))
     gone = [m for m in run.models if not m["resident"]]
     if gone and len(gone) == len(run.models):
         run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
@@ -922,8 +892,7 @@ def check_placement(run, running):
 
 
 def unloaded(run, gone, causes):
-    """Fail (75) for models a later one's load pushed out: they do not fit
-    together, and a job using them all would reload one on every call."""
+    """Fail (75) for models a later load pushed out: they do not fit together."""
     for model in gone:
         model["reason"] = "unloaded when a later model loaded"
     if gone:
@@ -940,9 +909,8 @@ BUSY_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
                 "timed out waiting for llama runner to start",
                 "timed out waiting for llama-server to start")
 
-#: Ollama's own words for a request it refuses: the model is not there, or
-#: cannot generate, or an option has the wrong type (a configuration error).
-#: Anchored, so that a runner death quoting "not found" stays a runner death.
+#: Ollama refusing a request (no such model, cannot generate, an option's type):
+#: anchored, so that a runner death quoting "not found" stays a runner death.
 _REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
             r"""|("[^"]+"|\S+) does not support \w+"""
             r"""|option "[^"]+" must be of type \w+)$""")
@@ -981,8 +949,7 @@ def same_model(a, b):
 # ---- OpenAI-compatible servers: health -> models -> completion or embedding
 
 def check_api(run, client):
-    """Stage api (--api auto): Ollama answers GET /api/version, vLLM and
-    llama-server do not. Returns "ollama" or "openai"."""
+    """Stage api (--api auto): "ollama" when GET /api/version says a version, else "openai"."""
     with run.step("api") as budget:
         try:
             doc = client.json("GET", "/api/version", budget)
@@ -994,8 +961,7 @@ def check_api(run, client):
 
 
 def check_openai(run, client):
-    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's
-    /v1): health -> models -> each model proven. Returns the ready reason."""
+    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's /v1)."""
     with run.step("health") as budget:
         try:
             client.call("GET", "/health", budget)
@@ -1034,8 +1000,7 @@ def check_openai(run, client):
 
 
 def served_models(doc):
-    """The model entries of a /v1/models answer (vLLM's and llama-server's
-    shapes), each with its id as "name"; the router's carry a status."""
+    """A /v1/models answer's entries (vLLM's, llama-server's), each named by its id."""
     data = doc.get("data", doc.get("models"))
     if data is not None and not isinstance(data, list):
         raise Fail(EX_CONFIG, not_server("openai", "GET /v1/models has no data list"))
@@ -1051,9 +1016,8 @@ OPENAI_ASKS = {
     "embedding": {"input": WARMUP_PROMPT},
 }
 
-#: What servers answer a request of the wrong kind for the model (generation
-#: to an embedding model), which differs by server and version: the text
-#: tells, not the status.
+#: A server refusing generation with an embedding model: the text tells, not
+#: the status, which differs by server and version.
 _WRONG_KIND = r"(?i)does not support (completions|chat|generate)|(Chat )?Completions API"
 
 
@@ -1108,15 +1072,13 @@ class Client(object):
             base = base.replace("://:", "://127.0.0.1:", 1)
         self.base, self.api = base, api
         self.headers = {"User-Agent": "%s/%s" % (PROG, __version__),
-                        "Accept": "application/json",
-                        "Content-Type": "application/json"}
+                        "Accept": "application/json", "Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = "Bearer " + token
         self.opener = http_opener(context, is_loopback(host))
 
     def call(self, method, path, budget, payload=None, about=None):
-        """The body of a 2xx answer to METHOD path, read within limits;
-        about: the model it concerns, for reasons."""
+        """The body of a 2xx answer to METHOD path (about: the model it concerns)."""
         what = "%s %s%s" % (method, path, " for " + about if about else "")
         from urllib.error import HTTPError
         from urllib.request import Request
@@ -1158,7 +1120,6 @@ class Client(object):
         return body[:limit]
 
     def json(self, method, path, budget, payload=None, about=None):
-        """A 2xx answer parsed as a JSON object."""
         body = self.call(method, path, budget, payload, about)
         try:
             doc = parse_json(body.decode("utf-8"))
@@ -1172,10 +1133,9 @@ class Client(object):
 
 
 def http_opener(context, loopback):
-    """urllib's opener: redirects reported, never followed (they can leak the
-    token); an ASCII host resolved as bytes (a str loads the idna codec, 3 ms);
-    no proxy for a loopback host. Imported here: a run that sends nothing
-    never loads urllib."""
+    """urllib's opener (imported only by a run that sends): redirects reported,
+    never followed (the token would go along); an ASCII host resolved as bytes
+    (a str loads the idna codec, 3 ms); no proxy for a loopback host."""
     import http.client
     import urllib.request
 
@@ -1206,8 +1166,7 @@ def http_opener(context, loopback):
 
 
 def classify_answer(what, status, body, api="ollama"):
-    """(exit status, reason) for an HTTP answer that is not a success: the
-    first rule that applies."""
+    """(exit status, reason) of an HTTP answer that is not a success: the first rule."""
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
     said = "%s: %d %s" % (what, status, quoted)
@@ -1232,7 +1191,6 @@ def classify_answer(what, status, body, api="ollama"):
 
 
 def answer_message(body):
-    """The error message inside an error answer, or its text."""
     text = body.decode("utf-8", "replace").strip()
     try:
         doc = parse_json(text)
@@ -1273,8 +1231,7 @@ def classify_exception(exc, what, url, api="ollama"):
 
 
 def not_server(api, why):
-    return "not an %s server: %s" % ("OpenAI-compatible" if api == "openai" else "Ollama",
-                                     why)
+    return "not an %s server: %s" % ("OpenAI-compatible" if api == "openai" else "Ollama", why)
 
 
 def not_json(what, body, exc=None):
@@ -1318,7 +1275,6 @@ def is_loopback(host):
 
 
 def url_host(url):
-    """The host part of a base URL, without brackets or port."""
     hostport = url.split("://", 1)[1].split("/", 1)[0]
     host, _ = _split_host_port(hostport)
     return host if host is not None else hostport
@@ -1327,8 +1283,7 @@ def url_host(url):
 # ---- The GPU stage: NVML, nvidia-smi, AMD sysfs, each in a child process ----
 
 def check_gpu(run):
-    """Stage gpu: the backends in turn until one answers, then the verdict on
-    the GPUs the job will use. Raises Fail; runs in the main thread, first."""
+    """Stage gpu (main thread, first): the first backend that answers, the GPUs judged."""
     opts = run.opts
     with run.step("gpu", opts.gpu_timeout) as budget:
         name, doc = first_backend(run, time.monotonic() + budget)
@@ -1359,9 +1314,8 @@ def check_gpu(run):
 
 
 def first_backend(run, ends_at):
-    """(name, snapshot) of the first GPU backend that answers. Under auto, a
-    failing NVIDIA backend moves on to AMD only on a host without an NVIDIA
-    GPU: never past a dead NVIDIA driver to an AMD integrated GPU."""
+    """(name, snapshot) of the first GPU backend that answers; under auto never
+    past a dead NVIDIA driver to AMD (an integrated GPU) on an NVIDIA host."""
     auto = run.opts.gpu_backend == "auto"
     absent, failure = [], None
     for name, probe in GPU_PROBES:
@@ -1385,8 +1339,7 @@ def first_backend(run, ends_at):
 
 
 def nvidia_present():
-    """Whether the host has an NVIDIA GPU: a PCI display controller of vendor
-    0x10de, or a /dev/nvidiaN node (both under GPU_PREFLIGHT_ROOT)."""
+    """Whether there is an NVIDIA GPU: a 0x10de PCI display controller, or /dev/nvidiaN."""
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
     devices = os.path.join(root, "sys/bus/pci/devices")
     for device in os.listdir(devices) if os.path.isdir(devices) else ():
@@ -1503,8 +1456,7 @@ PROBE_REAP_WAIT = 0.2
 
 
 def spawn(run, child=None, argv=None, env=None):
-    """Fork child() (its JSON result is the output) or exec argv (its stdout
-    is); return (pid, read end of the output pipe)."""
+    """Fork child() (its JSON result the output) or exec argv: (pid, the output's read end)."""
     import warnings
     rfd, wfd = os.pipe()
     with warnings.catch_warnings():     # a --wait retry may have threads
@@ -1581,8 +1533,7 @@ def kill_probes(run):
 
 
 def forked(run, child, ends_at, what):
-    """The JSON object a forked probe child() returned; Fail (69) when it
-    died (--gpu-backend auto then tries the next backend)."""
+    """The JSON object a forked probe child() returned; Fail (69) when it died."""
     pid, rfd = spawn(run, child)
     out, status = collect(run, pid, rfd, ends_at, what)
     try:
@@ -1627,8 +1578,7 @@ def probe_nvml(run, ends_at):
 
 
 def nvml_structs(c):
-    """nvml.h's structs as ctypes classes (c: the ctypes module): nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlProcessInfo_v1_t and nvmlProcessInfo_v2_t."""
+    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t as ctypes (c) classes."""
     class Memory(c.Structure):
         _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
                     ("used", c.c_ulonglong)]
@@ -1671,8 +1621,7 @@ def nvml_candidates(path):
 
 
 def nvml_snapshot(path):
-    """In the child: NVML's view of every GPU, as a JSON-ready dict (or
-    {"nvml_error": code, "text": why}, or {"untrusted": why})."""
+    """In the child: NVML's view of every GPU, or {"nvml_error"/"untrusted": ...}."""
     import ctypes
     found = nvml_library(ctypes, path)
     if isinstance(found, dict):
@@ -1696,8 +1645,7 @@ def nvml_snapshot(path):
 
 
 def nvml_library(c, path):
-    """(the loaded library, its path), or the dict nvml_snapshot() answers
-    when there is none: each candidate judged before dlopen runs a byte."""
+    """(the library, its path), each candidate judged before dlopen; or the failure dict."""
     why = "%s not found" % (path or NVML_NAME)
     for name in nvml_candidates(path):
         if not os.path.isfile(name):        # missing, or a FIFO that would block
@@ -1721,8 +1669,7 @@ def nvml_library(c, path):
 
 
 class Nvml(object):
-    """NVML through ctypes, in the probe's child. Every argument is a ctypes
-    object: a bare int would truncate a 64-bit handle."""
+    """NVML in the probe's child; every argument a ctypes object (an int cuts a handle)."""
 
     def __init__(self, c, lib, path):
         self.c, self.lib, self.path = c, lib, path
@@ -1857,10 +1804,10 @@ def probe_smi(run, ends_at):
         problem = exc.strerror
     if problem:                 # it would run as root
         raise Fail(EX_CONFIG, "%s: others could have written it: %s" % (path, problem))
-    env = dict(os.environ, LC_ALL="C")
 
     def smi(query):
-        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"], env=env)
+        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"],
+                         env=dict(os.environ, LC_ALL="C"))
         out, status = collect(run, pid, rfd, ends_at, "nvidia-smi", ends_at)
         if status is None:      # its exit status says which GPUs failed
             kill_probes(run)
@@ -1957,7 +1904,6 @@ def amd_snapshot(root):
     def number(text, shift=0):
         return int(text) >> shift if is_digits(text) else None
 
-
     gpus = []
     names = os.listdir(base) if os.path.isdir(base) else []
     for card in sorted((n for n in names if re.match(r"^card\d+$", n)),
@@ -1988,8 +1934,7 @@ GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", pro
 # ---- Living under cron: the job, the lock, the shared verdict, metrics ------
 
 def find_command(name, environ):
-    """The path of COMMAND, executable; Fail (127 not found, 126 not an
-    executable file), as a shell would say, before any check."""
+    """COMMAND's executable path, before any check; Fail 127 or 126 as a shell says."""
     dirs = environ.get("PATH", os.defpath).split(os.pathsep)
     paths = [name] if "/" in name else [os.path.join(d or ".", name) for d in dirs]
     found = [p for p in paths if os.path.exists(p)]
@@ -2003,9 +1948,8 @@ def find_command(name, environ):
 
 
 def exec_job(path, argv, lock_fd, inherited):
-    """Become the job: the lock inherited, signals as this process found them
-    (SIGPIPE and SIGXFSZ, which Python ignores, at default); a file without #!
-    runs under /bin/sh, as execvp does. Returns (status, why) when it fails."""
+    """Become the job (lock inherited, signals as found, SIGPIPE, SIGXFSZ at
+    default; no #!: /bin/sh, as execvp does); (status, why) when it fails."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
                    signal.SIGCHLD):
         keep = inherited.get(signum) is signal.SIG_IGN
@@ -2042,11 +1986,9 @@ def job_environment():
 
 
 def take_lock(path):
-    """An exclusive flock on path, held as long as the descriptor lives; Fail
-    75 when another holds it, 78 when path cannot be a lock. Never deleted:
-    deleting a flock file races with its takers."""
+    """An exclusive flock on path (never deleted: that races with its takers);
+    Fail 75 when another holds it, 78 when path cannot be a lock."""
     try:
-
         fd = open_no_follow(path, 0o600)    # flock needs only a read: others
     except OSError as exc:                  # must not open it at all
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
@@ -2076,8 +2018,7 @@ def try_flock(fd):
 
 
 def keep_state(run, shared):
-    """After the verdict: whether it is worth a log line (--log-changes-only),
-    the state (shared verdict, skip count), and the metrics file."""
+    """After the verdict: --log-changes-only's judgement, the state, the metrics file."""
     opts, skips = run.opts, None
     if shared is not None:
         before = shared.previous
@@ -2121,8 +2062,7 @@ class Shared(object):
 
     @classmethod
     def open(cls, run):
-        """The state of run's check when an option needs it, else None (and
-        when the state directory cannot be used: a problem noted)."""
+        """The state of run's check when an option needs it, else None (a problem noted)."""
         opts = run.opts
         if not (opts.share_result or opts.metrics_file or opts.log_changes_only):
             return None
@@ -2133,8 +2073,7 @@ class Shared(object):
             return None
 
     def reusable(self, since):
-        """A verdict to reuse: ready and younger than --share-result, or
-        (since given) any check's verdict written after since."""
+        """A verdict to reuse: ready and young enough, or (since) any written after since."""
         state = self.previous
         if "code" not in state or "time" not in state:     # types: read_state
             return None
@@ -2178,8 +2117,7 @@ class Shared(object):
                 and error.get("time", 0) <= before.get("logged_at", 0))
 
     def save(self, run):
-        """Record this run (a check's verdict, the skip count, what was
-        logged) and release the flight lock; returns the skip count."""
+        """Record this run, release the flight lock; returns the skip count."""
         state = dict(self.previous)
         checked = run.reused is None and run.stage not in NOT_A_CHECK \
             and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
@@ -2208,8 +2146,7 @@ class Shared(object):
 
 
 def state_dir(opts, environ):
-    """The directory of shared state, made if missing and checked to be the
-    user's own (so nobody else can plant a verdict); raises OSError."""
+    """The state directory, made if missing, this user's alone (none can plant a verdict)."""
     if opts.state_dir:
         path = opts.state_dir
     elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
@@ -2249,8 +2186,7 @@ def state_key(opts, environ):
 
 
 def read_state(path):
-    """The state saved at path, or {} when there is none or it is not what
-    this script writes (wrong types count as none)."""
+    """The state saved at path, or {} when there is none or it is not what this writes."""
     try:
         doc = parse_json(read_small_file(path, MAX_CONFIG).decode("utf-8"))
     except (OSError, ValueError):
@@ -2267,8 +2203,7 @@ def read_state(path):
 
 
 def metrics_text(run, skips, now):
-    """Prometheus text format: each family once, with HELP and TYPE, no
-    timestamps (node_exporter's textfile collector refuses them)."""
+    """Prometheus text: each family once, HELP and TYPE, no timestamps (node_exporter)."""
     def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
         text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
         return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -2289,9 +2224,7 @@ def metrics_text(run, skips, now):
            m["warmup_ms"] / 1000.0) for m in run.models if m["warmup_ms"] is not None]),
     ]
     lines = []
-    for name, text, samples in families:
-        if not samples:
-            continue
+    for name, text, samples in (family for family in families if family[2]):
         lines += ["# HELP %s_%s %s" % (PROG, name, text), "# TYPE %s_%s gauge" % (PROG, name)]
         lines += ["%s_%s{%s} %s" % (PROG, name, names, repr(float(value))
                                     if isinstance(value, float) else value)
@@ -2339,9 +2272,8 @@ def report(run):
 
 
 def emit(name, text):
-    """Write text to sys.stdout or sys.stderr (name) at once. A closed or full
-    stream loses the text, never the exit status: it is dropped (at exit the
-    interpreter would fail flushing it again)."""
+    """Write text to sys.stdout or sys.stderr (name) now; a closed or full one
+    loses it, never the exit status (dropped: no failed flush at exit)."""
     stream = getattr(sys, name)
     try:
         stream.write(text)
@@ -2358,16 +2290,14 @@ def _isatty(stream):
 
 
 def verdict_reason(run):
-    """The reason with the notes of a ready run appended."""
     if run.code == EX_OK and run.notes:
         return "%s; %s" % (run.reason, "; ".join(run.notes))
     return run.reason
 
 
 def verdict_facts(run, elapsed_ms):
-    """Every fact of the verdict once, as (its key in the log line, its key in
-    --json, its value[, its form in the log line]). A key None: not in that
-    output; the log line leaves out what would say nothing."""
+    """Every fact of the verdict once: (key in the log line, key in --json,
+    value[, form in the log line]); None: not in that output."""
     ready, models, opts = run.code == EX_OK, run.models, run.opts
     loaded = models[0]["was_loaded"] if models else None
     return [
@@ -2407,8 +2337,7 @@ def gpu_summary(gpu):
 
 
 def stage_totals(run):
-    """(stage name, ms) in the order the stages ran; a stage run once per
-    model is one figure, the sum."""
+    """(stage, ms) in the order run; a stage run once per model is one sum."""
     totals = []
     for stage in run.stages:
         if totals and any(name == stage["name"] for name, _ in totals):
@@ -2430,7 +2359,6 @@ def quote(text):
 
 
 def log_value(value):
-    """A value for key=value logs: bare when safe, else quoted."""
     text = sanitise("-" if value is None or value == "" else value, REASON_MAX)
     return text if _BARE_VALUE_RE.match(text) else quote(text)
 
@@ -2446,16 +2374,14 @@ def sanitise(text, limit=SERVER_TEXT_MAX):
     return text
 
 
-#: Every piece of SECRET_PIECE characters of the secrets in use (the bearer
-#: token, as sent and JSON-escaped), and secrets shorter than that: no output
-#: shows them (redact()). Filled by add_secret(), emptied by main().
+#: Every SECRET_PIECE characters of the secrets in use (as sent and escaped),
+#: and shorter secrets, which no output shows (redact()); emptied by check().
 SECRET_PIECE = 8
 _SECRETS = {"pieces": set(), "short": set()}
 
 
 def add_secret(secret):
-    """Hide secret, and any SECRET_PIECE characters of it, from every output:
-    as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
+    """Hide secret and its pieces from every output, as sent and as a server echoes it."""
     html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     raw = secret.encode("utf-8", "surrogateescape")
 
@@ -2476,7 +2402,6 @@ def redact(text, server_text=True):
     by [token], with a backslash escaping its first or following its last (a
     JSON string or quoted log value stays whole). A secret shorter than a
     piece is hidden only in server_text: in a whole line it could be a letter."""
-
     pieces, n = _SECRETS["pieces"], SECRET_PIECE
     for short in _SECRETS["short"] if server_text else ():
         text = text.replace(short, "[token]")
@@ -2521,9 +2446,7 @@ NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
 
 
 def severity_of(code):
-    if code == EX_OK:
-        return SEV_INFO
-    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
+    return {EX_OK: SEV_INFO, EX_CONFIG: SEV_ERR, EX_SOFTWARE: SEV_ERR}.get(code, SEV_WARNING)
 
 
 def syslog_message(line, severity, facility, udp, now=None):
@@ -2538,10 +2461,9 @@ def syslog_message(line, severity, facility, udp, now=None):
 
 
 def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
-    """Send one line (to a UDP collector: to udp_target, its resolved (family,
-    sockaddr)); an error or None, never longer than wait. A local socket that
-    is a stream (syslog-ng's unix-stream("/dev/log"), some containers) gets
-    what glibc's syslog(3) sends it: the message and a NUL byte."""
+    """Send one line (UDP: to udp_target, resolved); an error or None, within
+    wait. A stream socket (syslog-ng's unix-stream, some containers) gets what
+    glibc's syslog(3) sends it: the message and a NUL byte."""
     udp, sock = isinstance(address, tuple), None
     if udp and udp_target is None:
         return "cannot resolve syslog host %s in time" % address[0]
@@ -2569,8 +2491,7 @@ def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_
 
 
 class Lookup(threading.Thread):
-    """getaddrinfo of a UDP syslog host, in the background from the start of
-    the run: DNS can stall, and neither the verdict nor the deadline waits."""
+    """getaddrinfo of a UDP syslog host in the background: DNS can stall, the run cannot."""
 
     def __init__(self, host, port):
         threading.Thread.__init__(self, daemon=True)
@@ -2589,7 +2510,6 @@ class Lookup(threading.Thread):
 
 
 def start_lookup(run):
-    """Resolve a UDP syslog collector's name in the background, once."""
     if (run.lookup is None and isinstance(run.opts.syslog_address, tuple)
             and not run.opts.no_syslog):
         run.lookup = Lookup(*run.opts.syslog_address)
@@ -2598,7 +2518,6 @@ def start_lookup(run):
 # ---- Configuration: flags > GPU_PREFLIGHT_* > config file > defaults --------
 
 def parse_seconds(text):
-    """A positive number of seconds."""
     try:
         value = float(text)
     except ValueError:
@@ -2609,14 +2528,12 @@ def parse_seconds(text):
 
 
 def parse_count(text, most=10 ** 9):
-    """A whole number from 0 to most (MiB, percent, degrees, processes)."""
     if not is_digits(text.strip()) or int(text) > most:
         raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
     return int(text)
 
 
 def parse_choice(*choices):
-    """A parser accepting one of choices."""
     def parse(text):
         if text not in choices:
             raise ValueError("%r: choose %s or %s" % (text, ", ".join(choices[:-1]),
@@ -2626,7 +2543,6 @@ def parse_choice(*choices):
 
 
 def parse_bool(text):
-    """A boolean from the environment or the config file."""
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -2636,8 +2552,7 @@ def parse_bool(text):
 
 
 def parse_path(text):
-    """A file or directory path: not empty, no NUL byte; in the file
-    system's encoding (ASCII with escapes under Python 3.6's C locale)."""
+    """A path: not empty, no NUL; in the file system's encoding (3.6, C locale: escaped)."""
     if not text.strip() or "\0" in text:
         raise ValueError("%r is not a path" % text)
     return os.fsdecode(text.encode("utf-8", "surrogateescape"))
@@ -2714,7 +2629,6 @@ def parse_require(text):
 
 
 def shlex_split(text):
-    """Words of an environment or config value, quoted as in a shell."""
     import shlex
     return shlex.split(text)
 
@@ -2735,7 +2649,6 @@ FACILITIES = dict(zip("kern user mail daemon auth syslog lpr news uucp cron auth
 
 
 def parse_facility(text):
-    """A syslog facility name, returned as its code."""
     if text.lower() not in FACILITIES:
         raise ValueError("%r: not a syslog facility (user, daemon, local0..local7...)"
                          % text)
@@ -2790,8 +2703,7 @@ def host_url(value):
 
 
 def url_problem(url):
-    """Why urllib cannot use a base URL, or None: it takes http:// and
-    https://, and a host name, an IPv4 or an IPv6 literal."""
+    """Why urllib cannot use a base URL (not http(s), no usable host), or None."""
     host = url_host(url)
     if not url.startswith(("http://", "https://")):
         return "only http:// and https:// URLs are supported"
@@ -2838,22 +2750,19 @@ def _split_host_port(text):
         if end < 0 or not text[end + 1:].startswith(":"):
             return None, None
         return text[1:end], text[end + 2:]
-    if text.count(":") != 1:
-        return None, None
-    host, port = text.split(":")
-    return host, port
+    return tuple(text.split(":")) if text.count(":") == 1 else (None, None)
 
 
 #: Where syslog lines go unless --syslog-address says otherwise.
 DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
-#: Whether an option defines the check (callers share a verdict under
-#: --share-result only when all of these are the same) or only how the check
-#: runs and reports.
+#: Whether an option defines the check (--share-result shares a verdict only
+#: when all of these are the same) or only how it runs and reports.
 CHECK, HOW = "check", "how"
 
-#: Every option, by --help group: (long name, short, CHECK or HOW, parser or
-#: "flag"/"list", default, metavar, help).
+#: Every option, by --help group: (long name, short, CHECK or HOW, parser,
+#: "flag", or (parser of one value, splitter of env/file text), default,
+#: metavar, help).
 OPTIONS = (
     ("the service", (
         ("host", None, CHECK, host_url, None, "URL",
@@ -2983,8 +2892,7 @@ The bearer token is read from --token-file or GPU_PREFLIGHT_TOKEN only.
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's help layout, without importing shutil (2 ms of every run:
-    argparse makes a formatter even when no help is printed)."""
+    """argparse's help layout without shutil (2 ms: argparse makes one on every run)."""
 
     def __init__(self, prog):
         try:
@@ -3021,7 +2929,6 @@ def _argtype(parse):
 
 
 def each_option():
-    """Every option's entry in OPTIONS, whatever its group."""
     return [option for _, options in OPTIONS for option in options]
 
 
@@ -3030,7 +2937,6 @@ def build_parser():
     parser = _Parser(prog=PROG, usage="%(prog)s [OPTION ...] [-- COMMAND [ARG ...]]",
                      description="\n\n".join(__doc__.split("\n\n")[:7]), epilog=EPILOG,
                      allow_abbrev=False, formatter_class=_Formatter)
-
     for title, options in OPTIONS:
         group = parser.add_argument_group(title)
         for name, short, _, kind, default, metavar, text in options:
@@ -3070,10 +2976,8 @@ def configure(ns, environ):
 
 
 def config_path(ns, environ):
-    """(path, whether it must exist) of the config file: --config, else
-    GPU_PREFLIGHT_CONFIG, else (not as root) $XDG_CONFIG_HOME/gpu_preflight.conf
-    (~/.config: install.sh --sysconfdir "$HOME/.config") when it exists, else
-    DEFAULT_CONFIG."""
+    """(path, must it exist): --config, GPU_PREFLIGHT_CONFIG, (not as root) an
+    existing $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config), DEFAULT_CONFIG."""
     given = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
     if given:
         return given, True
@@ -3088,8 +2992,7 @@ def config_path(ns, environ):
 
 
 def read_config_file(path, must_exist):
-    """The [gpu_preflight] keys of an INI file, as {option name: text};
-    None when there is no file and none was asked for."""
+    """The [gpu_preflight] keys of an INI file; None when there is none, as allowed."""
     if not must_exist and not os.path.lexists(path):   # a dangling link is an error
         return None
     try:
@@ -3157,7 +3060,6 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
             problem = url_problem(opts.host)
             if problem:
                 raise ConfigError("OLLAMA_HOST=%r: %s" % (environ["OLLAMA_HOST"], problem))
-
     opts.gpu = bool(opts.gpu or opts.gpu_backend or opts.nvml_lib or opts.gpu_id
                     or opts.strict_gpu
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
@@ -3175,7 +3077,6 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
 
 
 def _from_text(kind, text):
-    """An option's value from environment or file text."""
     if kind == "flag":
         return parse_bool(text)
     if isinstance(kind, tuple):
@@ -3214,8 +3115,7 @@ def read_token(opts, environ):
 
 
 def tls_context(opts):
-    """The TLS context for an https:// host: the system's CA store, or
-    --cafile, or no verification at all with --insecure."""
+    """The TLS context of an https:// host: the system's CAs, --cafile, or --insecure."""
     if not opts.host.startswith("https://"):
         return None
     import ssl
@@ -3275,8 +3175,7 @@ def untrusted(path):
 
 
 def user_name(uid, bare=False):
-    """'uid 65534 (nobody)' for messages about who owns a file; bare:
-    'nobody', as chown takes it."""
+    """'uid 65534 (nobody)' for messages; bare: 'nobody', as chown takes it."""
     import pwd
     try:
         name = pwd.getpwuid(uid).pw_name
@@ -3286,8 +3185,7 @@ def user_name(uid, bare=False):
 
 
 def read_trusted(path, limit):
-    """The bytes of a small regular file that only this user or root could
-    have written (untrusted()); raises ValueError saying why not."""
+    """A small regular file only this user or root could write; else ValueError why."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise ValueError("not a regular file")
@@ -3330,8 +3228,7 @@ def read_small_file(path, limit):
 
 
 def open_no_follow(path, mode=0o644):
-    """A descriptor of a regular file, created with mode when missing; a
-    symlink at path is never followed (raises OSError, ELOOP)."""
+    """A regular file's descriptor, created with mode if missing; never via a symlink."""
     try:
         fd = create_no_follow(path, mode, os.O_RDONLY)
     except FileExistsError:
@@ -3343,8 +3240,7 @@ def open_no_follow(path, mode=0o644):
 
 
 def create_no_follow(path, mode, flags, dir_fd=None):
-    """A new file's descriptor, with mode whatever the umask; never through a
-    symlink, never one that exists (FileExistsError)."""
+    """A new file's descriptor with mode whatever the umask; never via a symlink."""
     fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,  # novermin
                  dir_fd=dir_fd)
     os.fchmod(fd, mode)
@@ -3352,10 +3248,9 @@ def create_no_follow(path, mode, flags, dir_fd=None):
 
 
 def write_atomic(path, data, mode):
-    """Replace path with data: a temporary file beside it, then rename, both
-    through a descriptor of the directory, which is no symlink, this user's
-    or root's, and writable by no one else (sticky /tmp aside): another
-    user's could take root's file wherever they like."""
+    """Replace path with data (a temporary file, then rename) through a
+    descriptor of its directory: no symlink, this user's or root's, writable
+    by no one else, sticky /tmp aside (another's could redirect root's file)."""
     directory, name = os.path.split(path)
     dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # novermin
     try:
@@ -3398,8 +3293,7 @@ class ConfigError(Exception):
 
 
 class Fail(Exception):
-    """A stage ended the run with an exit status and a reason (status and
-    detail: the HTTP status and the server's own message, if any)."""
+    """A stage ended the run: exit status, reason, and the HTTP status and message if any."""
 
     def __init__(self, code, reason, stage=None, status=None, detail=None):
         Exception.__init__(self, reason)
@@ -3413,23 +3307,16 @@ class TimedOut(Exception):
 
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
-
-    def __init__(self, signum):
-        BaseException.__init__(self, signum)
-        self.signum = signum
+    signum = property(lambda self: self.args[0])
 
 
 class _ParserExit(Exception):
-    """argparse finished (--help, --version) and wants this status."""
-
-    def __init__(self, status):
-        Exception.__init__(self, status)
-        self.status = status
+    """argparse finished (--help, --version, a usage error) with this status."""
+    status = property(lambda self: self.args[0])
 
 
 def is_digits(text):
-    """A count in ASCII digits ("\u00b2".isdigit() is true, and int() refuses
-    it; Python 3.11 refuses more than 4300 digits), of at most 18."""
+    """A count in 1 to 18 ASCII digits (str.isdigit() takes more than int() does)."""
     return bool(re.match(r"^[0-9]{1,18}$", text))
 
 
