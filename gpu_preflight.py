@@ -47,7 +47,7 @@ The file, top to bottom, one section each:
   under cron       the job, the lock, the shared verdict, metrics
   the report       one list of facts for the syslog line and --json
   configuration    the options table and its parsers: flags > env > file
-  files, errors    files root reads or writes; exceptions and small utilities
+  files            what root reads or writes, trusted and bounded; exceptions
 """
 
 __version__ = "0.1.0"
@@ -3134,7 +3134,7 @@ def tls_context(opts):
             sanitise(opts.cafile), sanitise(exc)), "config")
 
 
-# ---- Files that root reads or writes: trusted, bounded, never blocking ------
+# ---- Files root reads or writes (trusted, bounded); errors, small utilities --
 
 def untrusted(path):
     """Why someone other than this user or root could have written path, or
@@ -3281,8 +3281,6 @@ def _owner(path):
     except OSError:
         return None
 
-
-# ---- Errors and small utilities ---------------------------------------------
 
 class UsageError(Exception):
     """A bad flag or flag value: exit 64 with a message on stderr."""
