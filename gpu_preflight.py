@@ -90,8 +90,7 @@ DEFAULT_CONFIG = "/etc/gpu_preflight.conf"
 DEFAULT_HOST = "http://127.0.0.1:11434"
 
 #: Socket timeout of each stage, and the bound of the whole run (seconds).
-DEFAULT_TIMEOUT = 3.0
-DEFAULT_DEADLINE = 10.0
+DEFAULT_TIMEOUT, DEFAULT_DEADLINE = 3.0, 10.0
 
 #: The GPU stage's own limit: NVML without persistence mode takes 1-3 s a GPU.
 DEFAULT_GPU_TIMEOUT = 5.0
@@ -115,12 +114,10 @@ NVML_NAME = "libnvidia-ml.so.1"
 WARMUP_PROMPT = "test"
 
 #: Caps on server text quoted in a reason, and on a whole reason (chars).
-SERVER_TEXT_MAX = 200
-REASON_MAX = 1000
+SERVER_TEXT_MAX, REASON_MAX = 200, 1000
 
 #: Largest answer read from a stage, and largest file read (bytes).
-MAX_BODY = 4 * 1024 * 1024
-MAX_CONFIG = 64 * 1024
+MAX_BODY, MAX_CONFIG = 4 * 1024 * 1024, 64 * 1024
 
 
 # ---- main and the attempt loop: supervision, deadline, signals --------------
@@ -251,7 +248,7 @@ def check_until_ready(run, shared):
             run.reuse(state)
             if state["code"] == EX_OK or retry_time(run) <= 0:
                 return run
-            run = Run(opts, run.started, attempt=1, lookup=run.lookup, before=run)
+            run = run.next_attempt()
         pause = WAIT_FIRST
         while True:
             try:
@@ -268,8 +265,7 @@ def check_until_ready(run, shared):
             time.sleep(min(left, pause * (0.75 + 0.5 * _random())))
             pause = min(pause * 2, WAIT_MOST)
             kill_probes(run)
-            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup,
-                      before=run)
+            run = run.next_attempt()
     except Interrupted as exc:
         exc.run = run
         raise
@@ -466,11 +462,15 @@ class Run(object):
     def expire(self, stage):    # the watchdog's verdict on a stage past its budget
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
 
+    def next_attempt(self):
+        """The Run of the next attempt under --wait (a reused verdict was none)."""
+        return Run(self.opts, self.started, attempt=1 if self.reused else self.attempt + 1,
+                   lookup=self.lookup, before=self)
+
 
 #: How long past a stage's budget the watchdog lets the socket timeout speak
 #: first; longer for an optional stage (its timeout a note, the watchdog's a skip).
-STAGE_GRACE = 0.05
-OPTIONAL_GRACE = 0.25
+STAGE_GRACE, OPTIONAL_GRACE = 0.05, 0.25
 
 
 def supervise(run, work):
@@ -491,11 +491,8 @@ def supervise(run, work):
     while run.code is None:
         run.wake.clear()
         stage = run.current
-        if stage is None:
-            limit = run.deadline_at
-        else:
-            grace = OPTIONAL_GRACE if stage.optional else STAGE_GRACE
-            limit = min(stage.ends_at + grace, run.deadline_at)
+        grace = stage and (OPTIONAL_GRACE if stage.optional else STAGE_GRACE)
+        limit = run.deadline_at if stage is None else min(stage.ends_at + grace, run.deadline_at)
         left = limit - time.monotonic()
         if left > 0:
             run.wake.wait(left)
@@ -1077,8 +1074,9 @@ class Client(object):
             self.headers["Authorization"] = "Bearer " + token
         self.opener = http_opener(context, is_loopback(host))
 
-    def call(self, method, path, budget, payload=None, about=None):
-        """The body of a 2xx answer to METHOD path (about: the model it concerns)."""
+    def call(self, method, path, budget, payload=None, about=None, as_json=False):
+        """The body of a 2xx answer to METHOD path (about: the model it concerns),
+        or as_json the JSON object in it."""
         what = "%s %s%s" % (method, path, " for " + about if about else "")
         from urllib.error import HTTPError
         from urllib.request import Request
@@ -1096,7 +1094,15 @@ class Client(object):
             raise Fail(code, reason, status=exc.code, detail=answer_message(body)[0])
         except Exception as exc:    # URLError, OSError, http.client errors
             raise Fail(*classify_exception(exc, what, self.base, self.api))
-        return self._read(answer, MAX_BODY, what)
+        body = self._read(answer, MAX_BODY, what)
+        try:
+            doc = parse_json(body.decode("utf-8")) if as_json else body
+        except ValueError as exc:
+            raise not_json(what, body, exc)
+        if as_json and not isinstance(doc, dict):
+            raise Fail(EX_CONFIG, not_server(self.api, "%s %s did not answer a JSON "
+                                             "object" % (method, path)))
+        return doc
 
     def _read(self, answer, limit, what, allow_short=False):
         """Read at most limit bytes; a longer answer ends the stage."""
@@ -1120,16 +1126,7 @@ class Client(object):
         return body[:limit]
 
     def json(self, method, path, budget, payload=None, about=None):
-        body = self.call(method, path, budget, payload, about)
-        try:
-            doc = parse_json(body.decode("utf-8"))
-        except ValueError as exc:
-            raise not_json("%s %s%s" % (method, path, " for " + about if about else ""),
-                           body, exc)
-        if not isinstance(doc, dict):
-            raise Fail(EX_CONFIG, not_server(self.api, "%s %s did not answer a JSON "
-                                             "object" % (method, path)))
-        return doc
+        return self.call(method, path, budget, payload, about, as_json=True)
 
 
 def http_opener(context, loopback):
@@ -1451,8 +1448,7 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
 
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
 #: after its output ended (seconds; a child stuck in the driver is abandoned).
-MAX_PROBE_OUTPUT = 1024 * 1024
-PROBE_REAP_WAIT = 0.2
+MAX_PROBE_OUTPUT, PROBE_REAP_WAIT = 1024 * 1024, 0.2
 
 
 def spawn(run, child=None, argv=None, env=None):
@@ -1952,8 +1948,8 @@ def exec_job(path, argv, lock_fd, inherited):
     default; no #!: /bin/sh, as execvp does); (status, why) when it fails."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
                    signal.SIGCHLD):
-        keep = inherited.get(signum) is signal.SIG_IGN
-        signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_IGN if inherited.get(signum) is signal.SIG_IGN
+                      else signal.SIG_DFL)
     if lock_fd is not None:
         os.set_inheritable(lock_fd, True)
     with contextlib.suppress(OSError, ValueError):
@@ -2339,14 +2335,10 @@ def gpu_summary(gpu):
 
 def stage_totals(run):
     """(stage, ms) in the order run; a stage run once per model is one sum."""
-    totals = []
+    totals = {}                 # in insertion order (CPython 3.6, and the language since)
     for stage in run.stages:
-        if totals and any(name == stage["name"] for name, _ in totals):
-            totals = [(n, ms + stage["duration_ms"] if n == stage["name"] else ms)
-                      for n, ms in totals]
-        else:
-            totals.append((stage["name"], stage["duration_ms"]))
-    return totals
+        totals[stage["name"]] = totals.get(stage["name"], 0) + stage["duration_ms"]
+    return list(totals.items())
 
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
@@ -2496,13 +2488,12 @@ class Lookup(threading.Thread):
 
     def __init__(self, host, port):
         threading.Thread.__init__(self, daemon=True)
-        self.address, self.target = (host, port), None
+        self.host, self.port, self.target = host, port, None
         self.start()
 
     def run(self):
         with contextlib.suppress(OSError, UnicodeError, ValueError, IndexError):
-            info = socket.getaddrinfo(self.address[0], self.address[1], 0,
-                                      socket.SOCK_DGRAM)[0]
+            info = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_DGRAM)[0]
             self.target = (info[0], info[4])
 
     def result(self, wait):
