@@ -2940,9 +2940,9 @@ def build_parser():
                                    help=text, type=_argtype(kind[0]))
             else:
                 group.add_argument(*flags, metavar=metavar, help=text, type=_argtype(kind))
-    parser.add_argument("--config", metavar="PATH",
-                        help="config file (default %s when it exists; or "
-                        "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
+    parser.add_argument_group("configuration").add_argument(
+        "--config", metavar="PATH", help="config file (default %s when it exists; or "
+        "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
     parser.add_argument("--version", action="version",
                         version="%s %s (Python %s)" % (
                             PROG, __version__, sys.version.split()[0]))
