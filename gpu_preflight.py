@@ -740,7 +740,7 @@ def ollama_generate(run, client, model):
 
 def ollama_payload(opts, model, options, **fields):
     """A warm-up's body, with the runner options and keep_alive the job uses."""
-    payload = dict(fields, model=model["name"])
+    payload = dict(model=model["name"], **fields)
     if options:
         payload["options"] = options
     if opts.keep_alive is not None:
@@ -2142,7 +2142,7 @@ class Shared(object):
 
 
 def state_dir(opts, environ):
-    """The state directory, made if missing, this user's alone (none can plant a verdict)."""
+    """The state directory, made if missing and only this user's to write (else OSError)."""
     if opts.state_dir:
         path = opts.state_dir
     elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
