@@ -113,11 +113,28 @@ NVML_NAME = "libnvidia-ml.so.1"
 #: The prompt of every warm-up: one token is generated from it, or one vector.
 WARMUP_PROMPT = "test"
 
-#: Caps on server text quoted in a reason, and on a whole reason (chars).
-SERVER_TEXT_MAX, REASON_MAX = 200, 1000
+#: The most characters of a reason (a log value), and of a server's text in it.
+REASON_MAX, SERVER_TEXT_MAX = 1000, 200
 
 #: Largest answer read from a stage, and largest file read (bytes).
 MAX_BODY, MAX_CONFIG = 4 * 1024 * 1024, 64 * 1024
+
+#: Whether an option defines the check (--share-result shares a verdict only
+#: when all of these are the same) or only how it runs and reports.
+CHECK, HOW = "check", "how"
+
+#: The stages, as the log's stage= names them, and what each sends.
+STAGE_WHAT = {
+    "gpu": "the GPU probe", "api": "GET /api/version",
+    "tags": "GET /api/tags", "loaded": "GET /api/ps", "show": "POST /api/show",
+    "warmup": "POST /api/generate", "placement": "GET /api/ps",
+    "health": "GET /health", "models": "GET /v1/models",
+    "completion": "POST /v1/completions", "chat": "POST /v1/chat/completions",
+    "embedding": "POST /v1/embeddings",
+}
+
+#: A decimal number, as flags and nvidia-smi write one.
+_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
 
 
 # ---- main and the attempt loop: supervision, deadline, signals --------------
@@ -178,8 +195,7 @@ def parse_command_line(args):
 
 def check(ns, command, started):
     """Configuration, COMMAND, lock, then the checks: (Run, shared state, the job)."""
-    for secrets in _SECRETS.values():
-        secrets.clear()
+    forget_secrets()            # of an earlier run in this process
     opts, problem = configure(ns, os.environ)
     run, shared, path, lock_fd = Run(opts, started), None, None, None
     try:
@@ -291,17 +307,6 @@ def check_inference(run):
     if run.api == "openai":
         return check_openai(run, client)
     return check_service(run, client)
-
-
-#: What each stage sends, for reasons.
-STAGE_WHAT = {
-    "gpu": "the GPU probe", "api": "GET /api/version",
-    "tags": "GET /api/tags", "loaded": "GET /api/ps", "show": "POST /api/show",
-    "warmup": "POST /api/generate", "placement": "GET /api/ps",
-    "health": "GET /health", "models": "GET /v1/models",
-    "completion": "POST /v1/completions", "chat": "POST /v1/chat/completions",
-    "embedding": "POST /v1/embeddings",
-}
 
 
 class Stage(object):
@@ -1882,9 +1887,8 @@ def probe_amd(run, ends_at):
     """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
     doc = forked(run, lambda: amd_snapshot(root), ends_at, "AMD sysfs")
-    if not doc.get("gpus"):
-        return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
-    return doc
+    return doc if doc.get("gpus") else "no AMD GPU under %s" % os.path.join(
+        root, "sys/class/drm")
 
 
 def amd_snapshot(root):
@@ -2230,6 +2234,12 @@ def metrics_text(run, skips, now):
 
 # ---- The report: syslog line, --json, terminal, from one set of facts -------
 
+#: What -v says when the syslog line could not be sent.
+NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
+             "systemd-journald) or name a listening socket or UDP collector with "
+             "--syslog-address; until then skips are printed on stderr")
+
+
 def report(run):
     """Write the verdict: syslog always, stdout for --json, stderr as asked."""
     opts = run.opts
@@ -2368,9 +2378,14 @@ def sanitise(text, limit=SERVER_TEXT_MAX):
 
 
 #: Every SECRET_PIECE characters of the secrets in use (as sent and escaped),
-#: and shorter secrets, which no output shows (redact()); emptied by check().
+#: and shorter secrets, which no output shows (redact()).
 SECRET_PIECE = 8
 _SECRETS = {"pieces": set(), "short": set()}
+
+
+def forget_secrets():
+    for secrets in _SECRETS.values():
+        secrets.clear()
 
 
 def add_secret(secret):
@@ -2431,11 +2446,6 @@ SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
 #: The most a UDP collector's name lookup, or a local stream socket, may
 #: hold the exit after the verdict (never past the deadline).
 SYSLOG_WAIT = 0.2
-
-#: What -v says when the syslog line could not be sent.
-NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
-             "systemd-journald) or name a listening socket or UDP collector with "
-             "--syslog-address; until then skips are printed on stderr")
 
 
 def severity_of(code):
@@ -2552,7 +2562,6 @@ def parse_path(text):
 
 #: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
 _DURATION = r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$"
-_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
 
 
 def parse_keep_alive(text):
@@ -2747,10 +2756,6 @@ def _split_host_port(text):
 
 #: Where syslog lines go unless --syslog-address says otherwise.
 DEFAULT_SYSLOG_ADDRESS = "/dev/log"
-
-#: Whether an option defines the check (--share-result shares a verdict only
-#: when all of these are the same) or only how it runs and reports.
-CHECK, HOW = "check", "how"
 
 #: Every option, by --help group: (long name, short, CHECK or HOW, parser,
 #: "flag", or (parser of one value, splitter of env/file text), default,
