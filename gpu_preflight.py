@@ -12,10 +12,14 @@ It checks in stages, each bounded by --timeout and all together by --deadline
     gpu        (--gpu) NVML, nvidia-smi or amdgpu sysfs: driver, memory, load
     tags       GET  /api/tags       Ollama is up and the model is present
     loaded     GET  /api/ps         was the model loaded already?
+    show       POST /api/show       what the model can do, if /api/tags won't say
     warmup     POST /api/generate   one token from the model: the GPU answers
+               POST /api/embed      one vector from an embedding model
     placement  GET  /api/ps         the model sits in VRAM, not on the CPU
   or, with --api openai (vLLM, llama-server):
-    health, models, completion      GET /health, GET /v1/models, POST /v1/completions
+    health, models                  GET /health, GET /v1/models
+    completion, chat or embedding   POST /v1/completions, /v1/chat/completions
+                                    or /v1/embeddings: a token or a vector
 
 Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
 
@@ -32,6 +36,18 @@ Every run writes one line to syslog (ident gpu_preflight). Each long option can
 also be set as GPU_PREFLIGHT_<NAME> in the environment or as a key in the
 [gpu_preflight] section of /etc/gpu_preflight.conf; flags win over the
 environment, the environment over the file. Python 3.6+, standard library only.
+
+The file, top to bottom, one section each:
+  the contract     exit statuses and defaults
+  main             parse, check, finish; the attempt loop, the watchdog, Run
+  Ollama           tags, loaded, show, warm-up, placement; its answers judged
+  OpenAI           health, models, a completion, chat or embedding
+  HTTP client      urllib, no proxy on loopback; failures classified
+  the GPU stage    NVML, nvidia-smi, AMD sysfs probes; the verdict on the GPUs
+  under cron       the job, the lock, the shared verdict, metrics
+  the report       one list of facts for the syslog line and --json
+  configuration    the options table and its parsers: flags > env > file
+  files            what root reads or writes, trusted and bounded; exceptions
 """
 
 __version__ = "0.1.0"
@@ -42,6 +58,7 @@ import errno
 import json
 import os
 import re
+import select
 import signal
 import socket
 import stat
@@ -52,46 +69,79 @@ import time
 
 # ---- The contract: exit statuses and defaults -------------------------------
 
-#: Exit statuses (BSD sysexits), the only ones the script returns.
+#: Exit statuses (BSD sysexits), the only ones the script returns; and, when
+#: COMMAND cannot run, the shell's.
 EX_OK = 0
 EX_USAGE = 64
 EX_UNAVAILABLE = 69
 EX_SOFTWARE = 70
 EX_TEMPFAIL = 75
 EX_CONFIG = 78
-
-#: Exit statuses of the job mode when COMMAND cannot run (as the shell's).
 EX_NOEXEC, EX_NOTFOUND = 126, 127
 
-#: The name used in messages, syslog ident, config section and env prefix.
+#: The name in messages, the syslog ident, the config section, the env prefix.
 PROG = "gpu_preflight"
 ENV_PREFIX = "GPU_PREFLIGHT_"
-CONFIG_SECTION = "gpu_preflight"
 
 #: Read when it exists and no --config or GPU_PREFLIGHT_CONFIG names another.
 DEFAULT_CONFIG = "/etc/gpu_preflight.conf"
 
 #: Where Ollama listens when neither flags, env, file nor OLLAMA_HOST say.
 DEFAULT_HOST = "http://127.0.0.1:11434"
-OLLAMA_PORT = "11434"
 
 #: Socket timeout of each stage, and the bound of the whole run (seconds).
-DEFAULT_TIMEOUT = 3.0
-DEFAULT_DEADLINE = 10.0
+DEFAULT_TIMEOUT, DEFAULT_DEADLINE = 3.0, 10.0
 
-#: The GPU stage's own limit (capped by the deadline): NVML without
-#: persistence mode initialises every GPU, 1 to 3 s each.
+#: The GPU stage's own limit: NVML without persistence mode takes 1-3 s a GPU.
 DEFAULT_GPU_TIMEOUT = 5.0
+
+#: The GPU thresholds: (option, figure, unit, True when the figure must be
+#: at least the threshold, else at most). Any of them implies --gpu.
+GPU_LIMITS = (("min_free_mib", "free_mib", " MiB free", True),
+              ("max_util", "util_pct", "% busy", False),
+              ("max_procs", "procs", " compute processes", False),
+              ("max_temp", "temp_c", " C", False))
+
+#: Where shared verdicts live (--state-dir): $XDG_RUNTIME_DIR/gpu_preflight,
+#: /run/gpu_preflight for root, else a private directory in /tmp.
+STATE_SUBDIR = "gpu_preflight"
+ROOT_STATE_DIR = "/run/gpu_preflight"
+
+#: The driver's NVML library, by the name dlopen knows it.
+NVML_NAME = "libnvidia-ml.so.1"
+
+#: The prompt of every warm-up: one token is generated from it, or one vector.
+WARMUP_PROMPT = "test"
+
+#: The most characters of a reason (a log value), and of a server's text in it.
+REASON_MAX, SERVER_TEXT_MAX = 1000, 200
+
+#: Largest answer read from a stage, and largest file read (bytes).
+MAX_BODY, MAX_CONFIG = 4 * 1024 * 1024, 64 * 1024
+
+#: Whether an option defines the check (--share-result shares a verdict only
+#: when all of these are the same) or only how it runs and reports.
+CHECK, HOW = "check", "how"
+
+#: The stages, as the log's stage= names them, and what each sends.
+STAGE_WHAT = {
+    "gpu": "the GPU probe", "api": "GET /api/version",
+    "tags": "GET /api/tags", "loaded": "GET /api/ps", "show": "POST /api/show",
+    "warmup": "POST /api/generate", "placement": "GET /api/ps",
+    "health": "GET /health", "models": "GET /v1/models",
+    "completion": "POST /v1/completions", "chat": "POST /v1/chat/completions",
+    "embedding": "POST /v1/embeddings",
+}
+
+#: A decimal number, as flags and nvidia-smi write one.
+_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
 
 
 # ---- main and the attempt loop: supervision, deadline, signals --------------
 
 def main(argv=None, started=None):
-    """Parse, check, report; return the exit status (nothing else exits).
-
-    started: the monotonic() time the deadline counts from; the command line
-    passes the process start, a caller importing this module gets "now".
-    """
+    """Parse, check, report; the exit status (nothing else exits). started: the
+    monotonic() time the deadline counts from (else now: a caller importing)."""
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
     if previous:                # probes are waited for: an ignored SIGCHLD reaps them
@@ -120,8 +170,7 @@ def main(argv=None, started=None):
 
 
 def parse_command_line(args):
-    """(options as given, COMMAND after --, or None); a usage error is said
-    on stderr and ends the run (_ParserExit 64)."""
+    """(options as given, COMMAND after -- or None); a usage error ends the run (64)."""
     command = args[args.index("--") + 1:] if "--" in args else None
     args = args[:args.index("--")] if command is not None else args
     try:
@@ -145,10 +194,8 @@ def parse_command_line(args):
 
 
 def check(ns, command, started):
-    """The configuration, the COMMAND and the lock, then the checks: the Run
-    holding the verdict, the shared state, and what the job needs."""
-    _SECRETS["pieces"].clear()
-    _SECRETS["short"].clear()
+    """Configuration, COMMAND, lock, then the checks: (Run, shared state, the job)."""
+    forget_secrets()            # of an earlier run in this process
     opts, problem = configure(ns, os.environ)
     run, shared, path, lock_fd = Run(opts, started), None, None, None
     try:
@@ -175,8 +222,7 @@ def check(ns, command, started):
 
 
 def finish(run, shared, job, previous):
-    """Keep the state, report, and on a ready verdict become the job; the
-    exit status when the job did not start."""
+    """Keep the state, report, and on a ready verdict become the job; else the exit status."""
     late = []                       # a signal now must not be lost, nor cut the report
     _set_signals(lambda signum, frame: late.append(signum))
     kill_probes(run)
@@ -204,8 +250,7 @@ WAIT_FIRST, WAIT_MOST, MIN_ATTEMPT = 1.0, 15.0, 0.5
 
 
 def check_until_ready(run, shared):
-    """The checks, reusing a shared verdict when there is one, retried with
-    backoff under --wait; returns the Run that holds the final verdict."""
+    """The checks (or a shared verdict), retried under --wait: the Run of the verdict."""
     opts = run.opts
     share = shared is not None and opts.share_result
     try:
@@ -216,14 +261,10 @@ def check_until_ready(run, shared):
         if state is None and share:
             state = shared.fly(run)     # wait for a check in flight, then look again
         if state is not None:
-            run.reused = state
-            run.decide(state["code"], state.get("stage"), "reused verdict of pid %s, "
-                       "%.1fs old: %s" % (state.get("pid"), time.time() - state["time"],
-                                          state.get("reason", "")))
-            run.model = state.get("model") or run.model
+            run.reuse(state)
             if state["code"] == EX_OK or retry_time(run) <= 0:
                 return run
-            run = Run(opts, run.started, attempt=1, lookup=run.lookup, before=run)
+            run = run.next_attempt()
         pause = WAIT_FIRST
         while True:
             try:
@@ -240,19 +281,15 @@ def check_until_ready(run, shared):
             time.sleep(min(left, pause * (0.75 + 0.5 * _random())))
             pause = min(pause * 2, WAIT_MOST)
             kill_probes(run)
-            run = Run(opts, run.started, attempt=run.attempt + 1, lookup=run.lookup,
-                      before=run)
+            run = run.next_attempt()
     except Interrupted as exc:
         exc.run = run
         raise
 
 
 def retry_time(run):
-    """How long --wait may still pause before another attempt. Attempts go
-    on while time remains: the last gets what is left before the deadline
-    (its stages are cut there), and none is made with under MIN_ATTEMPT."""
-    opts = run.opts
-    return min(run.started + (opts.wait or 0) - time.monotonic(),
+    """How long --wait may pause before another attempt (none with under MIN_ATTEMPT left)."""
+    return min(run.started + (run.opts.wait or 0) - time.monotonic(),
                run.deadline_at - time.monotonic() - MIN_ATTEMPT)
 
 
@@ -272,32 +309,8 @@ def check_inference(run):
     return check_service(run, client)
 
 
-#: What each stage does, for reasons and --help.
-STAGE_WHAT = {
-    "gpu": "the GPU probe",
-    "api": "GET /api/version",
-    "health": "GET /health",
-    "models": "GET /v1/models",
-    "completion": "POST /v1/completions",
-    "chat": "POST /v1/chat/completions",
-    "embedding": "POST /v1/embeddings",
-    "show": "POST /api/show",
-    "tags": "GET /api/tags",
-    "loaded": "GET /api/ps",
-    "warmup": "POST /api/generate",
-    "placement": "GET /api/ps",
-}
-
-#: How long past a stage's budget the watchdog waits for the socket timeout
-#: to report it itself, before it declares the stage timed out. An optional
-#: stage gets longer: its socket timeout is a note, the watchdog's a skip.
-STAGE_GRACE = 0.05
-OPTIONAL_GRACE = 0.25
-
-
 class Stage(object):
-    """The stage under way: its name, start, the time its budget ends, what
-    it sends and the model it warms, if any."""
+    """The stage under way: name, start, budget's end, what it sends, the model it warms."""
 
     def __init__(self, name, started, ends_at, optional, what, model):
         self.name, self.started, self.ends_at = name, started, ends_at
@@ -317,8 +330,7 @@ class Run(object):
         self.unchanged = False      # --log-changes-only: same verdict as last time
         if opts.insecure and before is None:
             self.problems.append("TLS certificates not verified (--insecure)")
-        self.started = started
-        self.deadline_at = started + opts.deadline
+        self.started, self.deadline_at = started, started + opts.deadline
         self.stages = []            # dicts: name, status, duration_ms, reason
         self.current = None         # the Stage under way, if any
         self.model = (opts.model or [None])[0]     # the first model, once chosen
@@ -326,9 +338,7 @@ class Run(object):
         self.vram_pct = None        # share of the first model in VRAM after warm-up
         self.notes = []             # facts for a ready verdict
         self.api = opts.api         # ollama or openai (auto: once detected)
-        self.code = None            # the verdict, set once
-        self.stage = None
-        self.reason = ""
+        self.code, self.stage, self.reason = None, None, ""    # the verdict, set once
         self.trace = None           # traceback text of an internal error
         self.lookup = lookup        # Lookup of a UDP syslog host, if any
         self.gpu = None             # what the GPU stage found (--json "gpu")
@@ -387,16 +397,20 @@ class Run(object):
                 self.wake.set()
 
     def decide(self, code, stage, reason):
-        """Set the verdict unless one is set already."""
         with self._lock:
             if self.code is None:
                 self.code, self.stage, self.reason = code, stage, reason
                 self.wake.set()
 
+    def reuse(self, state):
+        """The verdict of another caller's check (--share-result)."""
+        self.reused, self.model = state, state.get("model") or self.model
+        self.decide(state["code"], state.get("stage"), "reused verdict of pid %s, %.1fs "
+                    "old: %s" % (state.get("pid"), time.time() - state["time"],
+                                 state.get("reason", "")))
+
     def interrupt(self, signum, stage):
-        """The verdict of SIGINT or SIGTERM (stage: the Stage it cut, if
-        any), which replaces any other: also an attempt's that --wait was
-        pausing to retry."""
+        """The verdict of SIGINT or SIGTERM (stage: the Stage cut), over any other."""
         with self._lock:
             if stage:
                 where = " during " + stage.what
@@ -414,8 +428,7 @@ class Run(object):
         self.decide(EX_SOFTWARE, self.current and self.current.name, internal_error(exc))
 
     def job_failed(self, code, why):
-        """After a ready verdict, the job did not start: that is the verdict,
-        and news however often the check was ready before."""
+        """The job did not start after a ready verdict: that is the verdict, and news."""
         with self._lock:
             self.code, self.stage, self.reason, self.notes = code, "command", why, []
             self.unchanged = False
@@ -427,8 +440,7 @@ class Run(object):
 
     def timeout_reason(self, stage):
         """Why a stage ran out of time, with the cold-model fix when it applies."""
-        budget = stage.ends_at - stage.started
-        if budget < self.opts.timeout - 1e-3:
+        if stage.ends_at - stage.started < self.opts.timeout - 1e-3:  # the deadline cut it
             text = self.deadline_text("during " + stage.what)
             if self.before:
                 text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
@@ -452,18 +464,23 @@ class Run(object):
         finally:
             model["warmup_ms"] = round((time.monotonic() - started) * 1000.0, 1)
 
-    def expire(self, stage):
-        """The watchdog's verdict on a stage that overran its budget."""
+    def expire(self, stage):    # the watchdog's verdict on a stage past its budget
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
+
+    def next_attempt(self):
+        """The Run of the next attempt under --wait (a reused verdict was none)."""
+        return Run(self.opts, self.started, attempt=1 if self.reused else self.attempt + 1,
+                   lookup=self.lookup, before=self)
+
+
+#: How long past a stage's budget the watchdog lets the socket timeout speak
+#: first; longer for an optional stage (its timeout a note, the watchdog's a skip).
+STAGE_GRACE, OPTIONAL_GRACE = 0.05, 0.25
 
 
 def supervise(run, work):
-    """Run work(run) in a thread and return when it ends or a limit is hit.
-
-    A socket timeout does not bound a trickling answer or a stalled DNS
-    lookup, so the watchdog here does: the worker thread is abandoned (it is
-    a daemon) when its stage's budget or the deadline runs out.
-    """
+    """Run work(run) in a daemon thread, abandoned when its stage's budget or
+    the deadline runs out: a socket timeout bounds no trickle nor DNS stall."""
     def target():
         try:
             reason = work(run)
@@ -479,11 +496,8 @@ def supervise(run, work):
     while run.code is None:
         run.wake.clear()
         stage = run.current
-        if stage is None:
-            limit = run.deadline_at
-        else:
-            grace = OPTIONAL_GRACE if stage.optional else STAGE_GRACE
-            limit = min(stage.ends_at + grace, run.deadline_at)
+        grace = stage and (OPTIONAL_GRACE if stage.optional else STAGE_GRACE)
+        limit = run.deadline_at if stage is None else min(stage.ends_at + grace, run.deadline_at)
         left = limit - time.monotonic()
         if left > 0:
             run.wake.wait(left)
@@ -495,8 +509,7 @@ def supervise(run, work):
 
 
 def _traceback():
-    """The current exception's traceback (imported late: it costs 2 ms)."""
-    import traceback
+    import traceback            # only now: it costs 2 ms
     return traceback.format_exc()
 
 
@@ -506,7 +519,6 @@ def _raise_interrupt(signum, frame):
 
 
 def _set_signals(handler):
-    """Install handler for SIGINT/SIGTERM; return the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     return dict((s, signal.signal(s, handler)) for s in (signal.SIGINT, signal.SIGTERM))
@@ -592,15 +604,13 @@ def choose_models(run, listed, wanted, where=None, listing=None):
 
 
 def find_model(wanted, names):
-    """The listed name that means model `wanted` (the exact one first, then
-    as Ollama compares names), or None."""
+    """The listed name meaning model wanted (the exact one first), or None."""
     found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
     return found[0] if found else None
 
 
 def entries_of(model, running):
-    """The /api/ps entries that are this model: by name, or by the digest
-    /api/tags gave it (two tags of one blob share one runner, listed once)."""
+    """The /api/ps entries of this model: by name or digest (tags of one blob: one runner)."""
     digest = model["entry"].get("digest")
     return [m for m in running if same_model(_name(m), model["name"]) or (
         isinstance(digest, str) and digest and m.get("digest") == digest)]
@@ -611,7 +621,6 @@ def model_names(run):
 
 
 def answered(run):
-    """The ready reason: what each model answered."""
     said = ["%s %s" % (m["name"], "a vector" if m["kind"] == "embed" else "the load"
                        if run.opts.warmup == "load" else "a token") for m in run.models]
     if len(said) == 1:
@@ -620,9 +629,8 @@ def answered(run):
 
 
 def ollama_kinds(run, client):
-    """Each model's kind and capabilities before anything is sent to it:
-    from /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+); older
-    servers say nothing, and a generative warm-up's refusal tells."""
+    """Each model's kind and capabilities, before anything is sent to it: in
+    /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+), else unknown."""
     for model in run.models:
         caps = capabilities(model["entry"], "GET /api/tags", "tags")
         if caps is None and "capabilities" not in model["entry"]:
@@ -653,11 +661,10 @@ def capabilities(doc, what, stage=None):
 
 
 def check_requirements(run, observed=False):
-    """--require: the capabilities the job's models must declare (CAP for
-    every generative model, MODEL=CAP for one). Fail (78) naming what is
-    lacking; a server that declares none gets a problem note instead.
-    observed: after the warm-ups, hold "completion" and "embedding" to the
-    kind each model showed (the only word on it from OpenAI servers)."""
+    """--require (CAP of every generative model, MODEL=CAP of one): Fail (78)
+    naming what is lacking; a problem noted for a server that declares none.
+    observed: after the warm-ups, hold completion and embedding to the kind
+    each model showed (OpenAI servers' only word on it)."""
     require = run.opts.require
     strays = [t for t, _ in require if t and not any(
         same_model(t, m["name"]) for m in run.models)]
@@ -700,25 +707,16 @@ def check_requirements(run, observed=False):
                             % ", ".join(sanitise(n) for n in unknown))
 
 
-#: The prompt of the token warm-up; one token is generated from it.
-WARMUP_PROMPT = "test"
-
-#: An Ollama answer meaning "an embedding model, it cannot generate" (all
-#: releases: 'embedding models do not support generate', 'M does not support
-#: generate', '"M" does not support generate').
+#: Ollama's refusal to generate with an embedding model, as every release words it.
 _EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not support)"
 
 
 def ollama_generate(run, client, model):
-    """Warm a model with POST /api/generate: one token (or only the load).
-    Returns False when the server says it is an embedding model, whose kind
-    was not known before."""
+    """POST /api/generate: one token (or only the load); False from an embedding model."""
     opts = run.opts
-    payload = {"model": model["name"], "stream": False,
-               "prompt": WARMUP_PROMPT if opts.warmup == "token" else "",
-               "options": dict(opts.ollama_option, num_predict=1)}
-    if opts.keep_alive is not None:
-        payload["keep_alive"] = opts.keep_alive
+    payload = ollama_payload(opts, model, dict(opts.ollama_option, num_predict=1),
+                             stream=False,
+                             prompt=WARMUP_PROMPT if opts.warmup == "token" else "")
     what = "POST /api/generate for %s" % model["name"]
     with run.step("warmup", model=model) as budget:
         try:
@@ -732,8 +730,7 @@ def ollama_generate(run, client, model):
         except ValueError as exc:
             raise not_json(what, answer, exc)
         if error is not None:
-            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                       % (what, sanitise(error)))
+            raise model_error(what, error)
         if final.get("done") is not True:
             raise Fail(EX_UNAVAILABLE, "%s: answer ended before done (the model "
                        "stopped mid-answer)" % what)
@@ -746,12 +743,19 @@ def ollama_generate(run, client, model):
     return True
 
 
-def parse_generate(data):
-    """The answer of /api/generate, one JSON object or NDJSON lines.
+def ollama_payload(opts, model, options, **fields):
+    """A warm-up's body, with the runner options and keep_alive the job uses."""
+    payload = dict(model=model["name"], **fields)
+    if options:
+        payload["options"] = options
+    if opts.keep_alive is not None:
+        payload["keep_alive"] = opts.keep_alive
+    return payload
 
-    Returns (final object, error text or None). Raises ValueError when it is
-    not JSON objects.
-    """
+
+def parse_generate(data):
+    """(final object, error text or None) of an /api/generate answer, one
+    JSON object or NDJSON lines; ValueError when it is not JSON objects."""
     text = data.decode("utf-8", "replace")
     try:
         objects = [parse_json(text)]
@@ -766,15 +770,10 @@ def parse_generate(data):
 
 
 def ollama_embed(run, client, model):
-    """Warm an embedding model with POST /api/embed (input "test": an empty
-    input loads any model and proves nothing), or, on servers before 0.2.6,
-    POST /api/embeddings; ready only with a vector."""
-    opts = run.opts
-    payload = {"model": model["name"], "input": WARMUP_PROMPT}
-    if opts.ollama_option:
-        payload["options"] = dict(opts.ollama_option)
-    if opts.keep_alive is not None:
-        payload["keep_alive"] = opts.keep_alive
+    """Warm an embedding model with POST /api/embed, or /api/embeddings before
+    Ollama 0.2.6: ready only with a vector (an empty input proves nothing)."""
+    payload = ollama_payload(run.opts, model, dict(run.opts.ollama_option),
+                             input=WARMUP_PROMPT)
     with run.step("warmup", what="POST /api/embed", model=model) as budget:
         try:
             doc = client.json("POST", "/api/embed", budget, payload, model["name"])
@@ -787,8 +786,7 @@ def ollama_embed(run, client, model):
             return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
                                else None, "POST /api/embed for " + model["name"],
                                "embeddings[0]")
-    del payload["input"]
-    payload["prompt"] = WARMUP_PROMPT
+    payload["prompt"] = payload.pop("input")
     with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
         doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
         need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model["name"],
@@ -796,12 +794,10 @@ def ollama_embed(run, client, model):
 
 
 def need_vector(doc, vector, what, field):
-    """Fail unless vector is a non-empty list of numbers (or of such lists:
-    per-token vectors); an error in a 200 answer is the model's error."""
+    """Fail unless vector is a non-empty list of numbers (or of such lists, per token)."""
     error = answer_error(doc)
     if error is not None:
-        raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                   % (what, sanitise(error)))
+        raise model_error(what, error)
     rows = vector if isinstance(vector, list) and vector and all(
         isinstance(v, list) for v in vector) else [vector]
     if not all(isinstance(r, list) and r and all(
@@ -812,8 +808,7 @@ def need_vector(doc, vector, what, field):
 
 
 def answer_error(doc):
-    """The error text inside a 200 answer ({"error": ...}, or vLLM's
-    {"object": "error", "message": ...}), or None."""
+    """The error text in a 200 answer ({"error": ...}, vLLM's {"object": "error"}), or None."""
     if doc.get("error") is not None:
         return error_text(doc["error"])
     if doc.get("object") == "error":
@@ -829,7 +824,6 @@ def error_text(value):
 
 
 def running_models(run, client, budget):
-    """The /api/ps entries, or None from a server without /api/ps."""
     try:
         return model_list(client.json("GET", "/api/ps", budget), "/api/ps")
     except Fail as exc:
@@ -842,7 +836,6 @@ def running_models(run, client, budget):
 
 
 def model_list(doc, what):
-    """The model names of a /api/tags or /api/ps answer."""
     models = doc.get("models")
     if not isinstance(models, list):
         raise Fail(EX_CONFIG, not_server("ollama", "%s has no models list" % what))
@@ -850,15 +843,13 @@ def model_list(doc, what):
 
 
 def _name(entry):
-    """A model entry's name ("name", else "model"), or None; a name of more
-    than 512 characters is no model's, and every output would carry it."""
+    """A model entry's name ("name", else "model"), or None; 512 characters at most."""
     return next((entry[key] for key in ("name", "model") if isinstance(
         entry.get(key), str) and entry[key].strip() and len(entry[key]) <= 512), None)
 
 
 def whole_number(doc, key, what):
-    """doc[key] when it is a count a server could mean (0 to 2**63), None
-    when absent; otherwise Fail (69) naming the field."""
+    """doc[key] if absent (None) or a count a server could mean (< 2**63), else Fail (69)."""
     value = doc.get(key)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)
                          and 0 <= value < 2 ** 63):
@@ -869,16 +860,14 @@ def whole_number(doc, key, what):
 
 
 def check_placement(run, running):
-    """After every warm-up, one GET /api/ps: every model resident (one that
-    is not was unloaded when a later one loaded) and in VRAM (size_vram 0 is
-    Ollama's silent CPU fallback)."""
+    """After the warm-ups: every model still resident (not unloaded when a
+    later one loaded) and in VRAM (size_vram 0 is Ollama's CPU fallback)."""
     for model in run.models:
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
         if entries:
-            size, vram = (whole_number(entries[0], key, "GET /api/ps")
-                          for key in ("size", "size_vram"))
-            model["size_vram"], model["size"] = vram, size
+            model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
+                                                 for key in ("size", "size_vram"))
     gone = [m for m in run.models if not m["resident"]]
     if gone and len(gone) == len(run.models):
         run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
@@ -905,8 +894,7 @@ def check_placement(run, running):
 
 
 def unloaded(run, gone, causes):
-    """Fail (75) for models a later one's load pushed out: they do not fit
-    together, and a job using them all would reload one on every call."""
+    """Fail (75) for models a later load pushed out: they do not fit together."""
     for model in gone:
         model["reason"] = "unloaded when a later model loaded"
     if gone:
@@ -916,17 +904,15 @@ def unloaded(run, gone, causes):
                        "was" if len(gone) == 1 else "were", causes))
 
 
-#: Runner error text meaning GPU (or host) memory is taken: retry later.
-OOM_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
-               "cudamalloc failed", "requires more system memory")
+#: Runner error text meaning "retry later": GPU (or host) memory is taken,
+#: the server is busy, or the model could not load within Ollama's limit.
+BUSY_MARKERS = ("out of memory", "out of device memory", "unable to allocate",
+                "cudamalloc failed", "requires more system memory", "server busy",
+                "timed out waiting for llama runner to start",
+                "timed out waiting for llama-server to start")
 
-#: Runner error text meaning the model could not load within Ollama's limit.
-LOAD_TIMEOUT_MARKERS = ("timed out waiting for llama runner to start",
-                        "timed out waiting for llama-server to start")
-
-#: Ollama's own words for a request it refuses: the model is not there, or
-#: cannot generate, or an option has the wrong type (a configuration error).
-#: Anchored, so that a runner death quoting "not found" stays a runner death.
+#: Ollama refusing a request (no such model, cannot generate, an option's type):
+#: anchored, so that a runner death quoting "not found" stays a runner death.
 _REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
             r"""|("[^"]+"|\S+) does not support \w+"""
             r"""|option "[^"]+" must be of type \w+)$""")
@@ -934,14 +920,16 @@ _REFUSAL = (r"""^(model ('[^']*'|"[^"]*") not found(, try pulling it first)?"""
 
 def classify_runner_error(message):
     """Exit status for an error from the model runner (Ollama section 8)."""
-    low = message.lower()
-    if any(marker in low for marker in OOM_MARKERS):
-        return EX_TEMPFAIL
-    if "server busy" in low or any(m in low for m in LOAD_TIMEOUT_MARKERS):
+    if any(marker in message.lower() for marker in BUSY_MARKERS):
         return EX_TEMPFAIL
     if re.match(_REFUSAL, message.strip()):
         return EX_CONFIG
     return EX_UNAVAILABLE
+
+
+def model_error(what, error):
+    return Fail(classify_runner_error(error), "%s: error from the model: %s"
+                % (what, sanitise(error)))
 
 
 def normalise_model(name):
@@ -963,8 +951,7 @@ def same_model(a, b):
 # ---- OpenAI-compatible servers: health -> models -> completion or embedding
 
 def check_api(run, client):
-    """Stage api (--api auto): Ollama answers GET /api/version, vLLM and
-    llama-server do not. Returns "ollama" or "openai"."""
+    """Stage api (--api auto): "ollama" when GET /api/version says a version, else "openai"."""
     with run.step("api") as budget:
         try:
             doc = client.json("GET", "/api/version", budget)
@@ -976,8 +963,7 @@ def check_api(run, client):
 
 
 def check_openai(run, client):
-    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's
-    /v1): health -> models -> each model proven. Returns the ready reason."""
+    """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's /v1)."""
     with run.step("health") as budget:
         try:
             client.call("GET", "/health", budget)
@@ -995,8 +981,15 @@ def check_openai(run, client):
     if run.opts.warmup == "off":
         return "service up, %s served (warm-up off)" % model_names(run)
     for model in run.models:
+        # one token: a completion, or a chat completion where the server has no
+        # /v1/completions (gateways, chat-only servers); else one vector, as the
+        # generation was refused or is absent (vLLM's task-gated routes)
         with run.timing(model):
-            prove_openai(run, client, model)
+            outcome = ask_openai(run, client, model, "completion")
+            if outcome == "no route":
+                outcome = ask_openai(run, client, model, "chat")
+            if outcome != "done":
+                ask_openai(run, client, model, "embedding")
     check_requirements(run, observed=True)
     if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
                                    for m in run.models):
@@ -1009,8 +1002,7 @@ def check_openai(run, client):
 
 
 def served_models(doc):
-    """The model entries of a /v1/models answer (vLLM's and llama-server's
-    shapes), each with its id as "name"; the router's carry a status."""
+    """A /v1/models answer's entries (vLLM's, llama-server's), each named by its id."""
     data = doc.get("data", doc.get("models"))
     if data is not None and not isinstance(data, list):
         raise Fail(EX_CONFIG, not_server("openai", "GET /v1/models has no data list"))
@@ -1019,43 +1011,27 @@ def served_models(doc):
     return [e for e in entries if e["name"]]
 
 
-#: How a model is proven on an OpenAI-compatible server: stage, path, body.
+#: The body that proves a model on an OpenAI-compatible server, by stage.
 OPENAI_ASKS = {
-    "completion": ("/v1/completions", {"prompt": WARMUP_PROMPT, "max_tokens": 1,
-                                       "stream": False}),
-    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content":
-                                                    WARMUP_PROMPT}], "max_tokens": 1}),
-    "embedding": ("/v1/embeddings", {"input": WARMUP_PROMPT}),
+    "completion": {"prompt": WARMUP_PROMPT, "max_tokens": 1, "stream": False},
+    "chat": {"messages": [{"role": "user", "content": WARMUP_PROMPT}], "max_tokens": 1},
+    "embedding": {"input": WARMUP_PROMPT},
 }
 
-#: What servers answer a request of the wrong kind for the model (generation
-#: to an embedding model), which differs by server and version: the text
-#: tells, not the status.
+#: A server refusing generation with an embedding model: the text tells, not
+#: the status, which differs by server and version.
 _WRONG_KIND = r"(?i)does not support (completions|chat|generate)|(Chat )?Completions API"
 
 
-def prove_openai(run, client, model):
-    """One token from a generative model: a completion, or a chat completion
-    where the server has no /v1/completions (404, 405: gateways, chat-only
-    servers); one vector from an embedding model, which a refusal of the
-    generation requests, or their absence (vLLM's task-gated routes), tells."""
-    outcome = ask_openai(run, client, model, "completion")
-    if outcome == "no route":
-        outcome = ask_openai(run, client, model, "chat")
-    if outcome != "done":
-        ask_openai(run, client, model, "embedding")
-
-
 def ask_openai(run, client, model, stage):
-    """One request of prove_openai(): "done", "no route" (404 or 405: the
-    server does not offer it) or "wrong kind" (generation sent to an
-    embedding model); Fail for anything else."""
-    path, body = OPENAI_ASKS[stage]
+    """One request proving a model: "done", "no route" (404 or 405: not
+    offered here) or "wrong kind" (generation asked of an embedding model)."""
+    path = STAGE_WHAT[stage].split()[1]
     what = "POST %s for %s" % (path, model["name"])
     with run.step(stage, model=model) as budget:
         try:
-            doc = client.json("POST", path, budget, dict(body, model=model["name"]),
-                              about=model["name"])
+            doc = client.json("POST", path, budget, dict(OPENAI_ASKS[stage],
+                                                         model=model["name"]), model["name"])
         except Fail as exc:
             if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
                 return "wrong kind"
@@ -1075,8 +1051,7 @@ def ask_openai(run, client, model, stage):
         elif error is not None and re.search(_WRONG_KIND, error):
             return "wrong kind"
         elif error is not None:
-            raise Fail(classify_runner_error(error), "%s: error from the model: %s"
-                       % (what, sanitise(error)))
+            raise model_error(what, error)
         elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
             raise Fail(EX_UNAVAILABLE, "%s: answered without a completion (no choices)"
                        % what)
@@ -1086,9 +1061,7 @@ def ask_openai(run, client, model, stage):
 
 # ---- The HTTP client: urllib, no proxy on loopback, failures classified ----
 
-#: Largest answer read from a stage, from an error answer, and the largest
-#: config file (bytes).
-MAX_BODY = 4 * 1024 * 1024
+#: The most of an error answer read (bytes): its start says enough.
 MAX_ERROR_BODY = 64 * 1024
 
 
@@ -1101,15 +1074,14 @@ class Client(object):
             base = base.replace("://:", "://127.0.0.1:", 1)
         self.base, self.api = base, api
         self.headers = {"User-Agent": "%s/%s" % (PROG, __version__),
-                        "Accept": "application/json",
-                        "Content-Type": "application/json"}
+                        "Accept": "application/json", "Content-Type": "application/json"}
         if token:
             self.headers["Authorization"] = "Bearer " + token
         self.opener = http_opener(context, is_loopback(host))
 
-    def call(self, method, path, budget, payload=None, about=None):
-        """The body of a 2xx answer to METHOD path, read within limits;
-        about: the model it concerns, for reasons."""
+    def call(self, method, path, budget, payload=None, about=None, as_json=False):
+        """The body of a 2xx answer to METHOD path (about: the model it concerns),
+        or as_json the JSON object in it."""
         what = "%s %s%s" % (method, path, " for " + about if about else "")
         from urllib.error import HTTPError
         from urllib.request import Request
@@ -1127,7 +1099,15 @@ class Client(object):
             raise Fail(code, reason, status=exc.code, detail=answer_message(body)[0])
         except Exception as exc:    # URLError, OSError, http.client errors
             raise Fail(*classify_exception(exc, what, self.base, self.api))
-        return self._read(answer, MAX_BODY, what)
+        body = self._read(answer, MAX_BODY, what)
+        try:
+            doc = parse_json(body.decode("utf-8")) if as_json else body
+        except ValueError as exc:
+            raise not_json(what, body, exc)
+        if as_json and not isinstance(doc, dict):
+            raise Fail(EX_CONFIG, not_server(self.api, "%s %s did not answer a JSON "
+                                             "object" % (method, path)))
+        return doc
 
     def _read(self, answer, limit, what, allow_short=False):
         """Read at most limit bytes; a longer answer ends the stage."""
@@ -1151,25 +1131,13 @@ class Client(object):
         return body[:limit]
 
     def json(self, method, path, budget, payload=None, about=None):
-        """A 2xx answer parsed as a JSON object."""
-        body = self.call(method, path, budget, payload, about)
-        try:
-            doc = parse_json(body.decode("utf-8"))
-        except ValueError as exc:
-            raise not_json("%s %s%s" % (method, path, " for " + about if about else ""),
-                           body, exc)
-        if not isinstance(doc, dict):
-            raise Fail(EX_CONFIG, not_server(self.api, "%s %s did not answer a JSON "
-                                             "object" % (method, path)))
-        return doc
+        return self.call(method, path, budget, payload, about, as_json=True)
 
 
 def http_opener(context, loopback):
-    """urllib's opener for the checks: redirects reported, never followed
-    (they can leak the token to other hosts); an ASCII host resolved as bytes
-    (a str makes socket load the idna codec, 3 ms); TLS as tls_context()
-    says; no proxy for a loopback host. urllib, http.client and ssl load
-    here, so that a run that sends nothing never loads them."""
+    """urllib's opener (imported only by a run that sends): redirects reported,
+    never followed (the token would go along); an ASCII host resolved as bytes
+    (a str loads the idna codec, 3 ms); no proxy for a loopback host."""
     import http.client
     import urllib.request
 
@@ -1200,38 +1168,31 @@ def http_opener(context, loopback):
 
 
 def classify_answer(what, status, body, api="ollama"):
-    """(exit status, reason) for an HTTP answer that is not a success."""
+    """(exit status, reason) of an HTTP answer that is not a success: the first rule."""
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
-    if status in (401, 403) and api == "openai":
-        return EX_CONFIG, ("%s: %d %s: the server refuses the credentials: check "
-                           "the token (--token-file or GPU_PREFLIGHT_TOKEN)"
-                           % (what, status, quoted))
-    if status == 403:
-        return EX_CONFIG, ("%s: 403 forbidden: Ollama's host guard refuses this "
-                           "host name (use the address it listens on) or a proxy "
-                           "said no" % what)
-    if status in (401, 407):
-        return EX_CONFIG, "%s: %d authentication required: %s" % (what, status, quoted)
-    if status in (404, 405) and not is_json:
-        return EX_CONFIG, not_server(api, "%s answered %d %s" % (what, status, quoted))
-    if status == 503 and what == "GET /health" and not body.strip():
-        return EX_UNAVAILABLE, ("GET /health: 503 with no body: the engine is dead "
-                                "(vLLM's EngineDeadError); restart the server")
-    if status == 503 and message.strip() == "Loading model":
-        return EX_TEMPFAIL, "%s: 503 Loading model: the server is still loading" % what
-    if status == 503:
-        return EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)
-    if status in (400, 404):
-        return EX_CONFIG, "%s: %d %s" % (what, status, quoted)
-    if what.startswith("POST"):
-        code = classify_runner_error(message)
-        return code, "%s: %d %s" % (what, status, quoted)
-    return EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted)
+    said = "%s: %d %s" % (what, status, quoted)
+    return next((code, reason) for applies, code, reason in (
+        (status in (401, 403) and api == "openai", EX_CONFIG, said + ": the server refuses "
+         "the credentials: check the token (--token-file or GPU_PREFLIGHT_TOKEN)"),
+        (status == 403, EX_CONFIG, "%s: 403 forbidden: Ollama's host guard refuses this "
+         "host name (use the address it listens on) or a proxy said no" % what),
+        (status in (401, 407), EX_CONFIG, "%s: %d authentication required: %s"
+         % (what, status, quoted)),
+        (status in (404, 405) and not is_json, EX_CONFIG,
+         not_server(api, "%s answered %d %s" % (what, status, quoted))),
+        (status == 503 and what == "GET /health" and not body.strip(), EX_UNAVAILABLE,
+         "GET /health: 503 with no body: the engine is dead (vLLM's EngineDeadError); "
+         "restart the server"),
+        (status == 503 and message.strip() == "Loading model", EX_TEMPFAIL,
+         "%s: 503 Loading model: the server is still loading" % what),
+        (status == 503, EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)),
+        (status in (400, 404), EX_CONFIG, said),
+        (what.startswith("POST"), classify_runner_error(message), said),
+        (True, EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted))) if applies)
 
 
 def answer_message(body):
-    """The error message inside an error answer, or its text."""
     text = body.decode("utf-8", "replace").strip()
     try:
         doc = parse_json(text)
@@ -1252,31 +1213,27 @@ def classify_exception(exc, what, url, api="ollama"):
         exc = exc.reason if isinstance(exc.reason, BaseException) else exc
     if isinstance(exc, socket.timeout):
         raise TimedOut()
-    where = url.split("://", 1)[-1].split("/", 1)[0]
-    if isinstance(exc, ConnectionRefusedError) and api == "openai":
-        return EX_TEMPFAIL, ("connection refused by %s (vLLM refuses connections "
-                             "while it loads the model; or the service is down)" % where)
-    if isinstance(exc, ConnectionRefusedError):
-        return EX_UNAVAILABLE, ("connection refused by %s (is the service "
-                                "running and listening there?)" % where)
-    if isinstance(exc, socket.gaierror):
-        return EX_UNAVAILABLE, "cannot resolve %s: %s" % (where, sanitise(exc))
-    if isinstance(exc, (ConnectionError, EOFError, http.client.IncompleteRead)):
-        return EX_UNAVAILABLE, ("%s: connection closed by %s in mid-answer"
-                                % (what, where))
-    if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):  # 3.6: not an SSLError
-        return EX_CONFIG, "%s: TLS error with %s: %s" % (what, where, sanitise(exc))
-    if isinstance(exc, (http.client.BadStatusLine, http.client.LineTooLong,
-                        http.client.UnknownProtocol)):
-        return EX_CONFIG, "not an HTTP server at %s: %s" % (where, sanitise(exc))
-    if isinstance(exc, OSError):
-        return EX_UNAVAILABLE, "%s: network error: %s" % (what, sanitise(exc))
-    return EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, sanitise(exc))
+    where, said = url.split("://", 1)[-1].split("/", 1)[0], sanitise(exc)
+    return next((code, reason) for kinds, code, reason in (
+        (ConnectionRefusedError if api == "openai" else (), EX_TEMPFAIL,
+         "connection refused by %s (vLLM refuses connections while it loads the model; "
+         "or the service is down)" % where),
+        (ConnectionRefusedError, EX_UNAVAILABLE, "connection refused by %s (is the "
+         "service running and listening there?)" % where),
+        (socket.gaierror, EX_UNAVAILABLE, "cannot resolve %s: %s" % (where, said)),
+        ((ConnectionError, EOFError, http.client.IncompleteRead), EX_UNAVAILABLE,
+         "%s: connection closed by %s in mid-answer" % (what, where)),
+        ((ssl.SSLError, ssl.CertificateError), EX_CONFIG,   # 3.6: not an SSLError
+         "%s: TLS error with %s: %s" % (what, where, said)),
+        ((http.client.BadStatusLine, http.client.LineTooLong, http.client.UnknownProtocol),
+         EX_CONFIG, "not an HTTP server at %s: %s" % (where, said)),
+        (OSError, EX_UNAVAILABLE, "%s: network error: %s" % (what, said)),
+        (BaseException, EX_UNAVAILABLE, "%s: %s: %s" % (what, type(exc).__name__, said)),
+    ) if isinstance(exc, kinds))
 
 
 def not_server(api, why):
-    return "not an %s server: %s" % ("OpenAI-compatible" if api == "openai" else "Ollama",
-                                     why)
+    return "not an %s server: %s" % ("OpenAI-compatible" if api == "openai" else "Ollama", why)
 
 
 def not_json(what, body, exc=None):
@@ -1293,10 +1250,9 @@ MAX_INT_DIGITS = 4300
 
 
 def parse_json(text):
-    """JSON text from a server as Python values. ValueError when it is not
-    JSON, nests too deeply, or holds an integer of more than MAX_INT_DIGITS
-    (Python 3.11's own limit: before it, parsing one is quadratic and holds
-    the interpreter past any deadline)."""
+    """A server's JSON text as values; ValueError when it is not JSON, nests
+    too deeply, or holds an integer of more than MAX_INT_DIGITS (3.11's own
+    limit: before it, parsing one is quadratic and outlasts any deadline)."""
     try:
         return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
     except RecursionError:
@@ -1321,7 +1277,6 @@ def is_loopback(host):
 
 
 def url_host(url):
-    """The host part of a base URL, without brackets or port."""
     hostport = url.split("://", 1)[1].split("/", 1)[0]
     host, _ = _split_host_port(hostport)
     return host if host is not None else hostport
@@ -1330,8 +1285,7 @@ def url_host(url):
 # ---- The GPU stage: NVML, nvidia-smi, AMD sysfs, each in a child process ----
 
 def check_gpu(run):
-    """Stage gpu: the backends in turn until one answers, then the verdict on
-    the GPUs the job will use. Raises Fail; runs in the main thread, first."""
+    """Stage gpu (main thread, first): the first backend that answers, the GPUs judged."""
     opts = run.opts
     with run.step("gpu", opts.gpu_timeout) as budget:
         name, doc = first_backend(run, time.monotonic() + budget)
@@ -1362,10 +1316,8 @@ def check_gpu(run):
 
 
 def first_backend(run, ends_at):
-    """(name, snapshot) of the first GPU backend that answers. Under
-    --gpu-backend auto a failing NVIDIA backend moves on to AMD only when no
-    NVIDIA GPU is on the host (NVIDIA's userspace on an AMD host), never past
-    a dead NVIDIA driver to an AMD integrated GPU."""
+    """(name, snapshot) of the first GPU backend that answers; under auto never
+    past a dead NVIDIA driver to AMD (an integrated GPU) on an NVIDIA host."""
     auto = run.opts.gpu_backend == "auto"
     absent, failure = [], None
     for name, probe in GPU_PROBES:
@@ -1389,8 +1341,7 @@ def first_backend(run, ends_at):
 
 
 def nvidia_present():
-    """Whether the host has an NVIDIA GPU: a PCI display controller of vendor
-    0x10de, or a /dev/nvidiaN node (both under GPU_PREFLIGHT_ROOT)."""
+    """Whether there is an NVIDIA GPU: a 0x10de PCI display controller, or /dev/nvidiaN."""
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
     devices = os.path.join(root, "sys/bus/pci/devices")
     for device in os.listdir(devices) if os.path.isdir(devices) else ():
@@ -1406,14 +1357,6 @@ def nvidia_present():
                (os.listdir(dev) if os.path.isdir(dev) else ()))
 
 
-#: The GPU thresholds: (option, figure, unit, True when the figure must be
-#: at least the threshold, else at most).
-GPU_LIMITS = (("min_free_mib", "free_mib", " MiB free", True),
-              ("max_util", "util_pct", "% busy", False),
-              ("max_procs", "procs", " compute processes", False),
-              ("max_temp", "temp_c", " C", False))
-
-
 def gpu_label(gpu):
     """'GPU 1 (GPU-bbbbbbbb)', 'MIG device MIG-aaaaaaaa of GPU 0', for reasons."""
     uuid = (gpu["uuid"] or "")[:12]
@@ -1425,15 +1368,11 @@ def gpu_label(gpu):
 
 
 def select_gpus(gpus, ids, environ):
-    """The GPUs the job will use: (selected, unmatched ids, notes).
-
-    --gpu-id takes indexes and UUID prefixes; otherwise the UUIDs listed in
-    CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES. Indexes in those two are
-    ignored: CUDA's order need not be NVML's. A MIG UUID selects that MIG
-    device; the older MIG-GPU-<uuid>/gi/ci form selects its parent GPU. By
-    default every GPU this user may open is chosen (not MIG devices: their
-    parent covers them).
-    """
+    """The GPUs the job will use: (selected, unmatched ids, notes). --gpu-id
+    takes indexes and UUID prefixes, else the UUIDs in CUDA_VISIBLE_DEVICES or
+    NVIDIA_VISIBLE_DEVICES (not their indexes: CUDA's order need not be NVML's).
+    A MIG UUID selects that MIG device, MIG-GPU-<uuid>/gi/ci its parent. By
+    default: every GPU this user may open (a MIG device's parent covers it)."""
     notes = []
     for var in () if ids else ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
         items = [i.strip() for i in environ.get(var, "").split(",") if i.strip()]
@@ -1514,13 +1453,11 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
 
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
 #: after its output ended (seconds; a child stuck in the driver is abandoned).
-MAX_PROBE_OUTPUT = 1024 * 1024
-PROBE_REAP_WAIT = 0.2
+MAX_PROBE_OUTPUT, PROBE_REAP_WAIT = 1024 * 1024, 0.2
 
 
 def spawn(run, child=None, argv=None, env=None):
-    """Fork child() (its JSON result is the output) or exec argv (its stdout
-    is); return (pid, read end of the output pipe)."""
+    """Fork child() (its JSON result the output) or exec argv: (pid, the output's read end)."""
     import warnings
     rfd, wfd = os.pipe()
     with warnings.catch_warnings():     # a --wait retry may have threads
@@ -1537,7 +1474,7 @@ def spawn(run, child=None, argv=None, env=None):
             os.dup2(wfd if argv else null, 1)   # a stub NVML prints a banner
             os.dup2(null, 2)
             os.closerange(3, wfd)   # a stuck probe must hold no lock or pipe
-            os.closerange(wfd + 1, open_files_limit())
+            os.closerange(wfd + 1, min(os.sysconf("SC_OPEN_MAX"), 1 << 20))
             if argv:
                 os.execve(argv[0], argv, env)
             data = json.dumps(child()).encode("utf-8")
@@ -1547,21 +1484,16 @@ def spawn(run, child=None, argv=None, env=None):
         finally:
             os._exit(status)
     os.close(wfd)
-    try:
+    with contextlib.suppress(OSError):
         os.setpgid(pid, pid)        # also here: a kill may come before the child's
-    except OSError:
-        pass
     run.children.append(pid)
     return pid, rfd
 
 
 def collect(run, pid, rfd, ends_at, what, reaped_by=None):
-    """The child's output and exit status (None: it has not ended by
-    reaped_by, or PROBE_REAP_WAIT after its output ended).
-
-    Raises Fail (75, "GPU probe hung") when the output does not end in time.
-    """
-    import select
+    """The child's output and exit status (None: not ended by reaped_by, or
+    PROBE_REAP_WAIT after its output ended); Fail (75) when the output does
+    not end in time."""
     poller = select.poll()      # select() cannot watch a descriptor past 1023
     poller.register(rfd, select.POLLIN)
 
@@ -1597,15 +1529,12 @@ def collect(run, pid, rfd, ends_at, what, reaped_by=None):
 def kill_probes(run):
     """SIGKILL every probe's process group still running; wait for none."""
     for pid in run.children:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def forked(run, child, ends_at, what):
-    """The JSON object a forked probe child() returned; Fail (69) when it
-    died (--gpu-backend auto then tries the next backend)."""
+    """The JSON object a forked probe child() returned; Fail (69) when it died."""
     pid, rfd = spawn(run, child)
     out, status = collect(run, pid, rfd, ends_at, what)
     try:
@@ -1620,10 +1549,9 @@ def forked(run, child, ends_at, what):
 
 
 #: NVML return codes the GPU stage names (nvml.h nvmlReturn_t).
-NVML_NOT_SUPPORTED, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 3, 7, 9
+NVML_NO_PERMISSION, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 4, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
-NVML_LIB_RM_VERSION_MISMATCH = 18
-NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM = 4, 17
+NVML_OPERATING_SYSTEM, NVML_LIB_RM_VERSION_MISMATCH = 17, 18
 
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
@@ -1651,8 +1579,7 @@ def probe_nvml(run, ends_at):
 
 
 def nvml_structs(c):
-    """nvml.h's structs as ctypes classes (c: the ctypes module): nvmlMemory_t,
-    nvmlMemory_v2_t, nvmlProcessInfo_v1_t and nvmlProcessInfo_v2_t."""
+    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t as ctypes (c) classes."""
     class Memory(c.Structure):
         _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
                     ("used", c.c_ulonglong)]
@@ -1672,36 +1599,30 @@ def nvml_structs(c):
     return Memory, MemoryV2, Process, ProcessV2
 
 
-#: GPU stage: where NVML lives when dlopen's own search fails (never a CUDA
-#: toolkit /stubs/ directory: that library is a link-time stub), and where
-#: nvidia-smi lives when cron's PATH lacks it.
-NVML_NAME = "libnvidia-ml.so.1"
+#: Where NVML lives when dlopen's own search fails (never a CUDA toolkit
+#: /stubs/ directory: that library is a link-time stub).
 NVML_DIRS = ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
              "/lib64", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
              "/usr/lib/wsl/lib")
 
 
 def nvml_candidates(path):
-    """Where NVML may be, in order: --nvml-lib alone, else the directories
-    of LD_LIBRARY_PATH, the dynamic linker's cache and NVML_DIRS. Absolute
-    paths only, so that what is loaded is what was checked."""
+    """Where NVML may be: --nvml-lib alone, else in LD_LIBRARY_PATH, the
+    linker's cache, NVML_DIRS; absolute, so what is loaded is what was checked."""
     if path:
         return [path]
     found = [os.path.join(d, NVML_NAME) for d in
              os.environ.get("LD_LIBRARY_PATH", "").split(":") if d.startswith("/")]
-    try:
+    with contextlib.suppress(OSError):
         with open("/etc/ld.so.cache", "rb") as handle:
             found += [p.decode("utf-8", "replace") for p in re.findall(
                 br"\x00(/[^\x00]*/libnvidia-ml\.so\.1)(?=\x00)", handle.read(1 << 24))]
-    except OSError:
-        pass
     found += [d + "/" + NVML_NAME for d in NVML_DIRS]
     return [p for i, p in enumerate(found) if p not in found[:i]]
 
 
 def nvml_snapshot(path):
-    """In the child: NVML's view of every GPU, as a JSON-ready dict (or
-    {"nvml_error": code, "text": why}, or {"untrusted": why})."""
+    """In the child: NVML's view of every GPU, or {"nvml_error"/"untrusted": ...}."""
     import ctypes
     found = nvml_library(ctypes, path)
     if isinstance(found, dict):
@@ -1725,8 +1646,7 @@ def nvml_snapshot(path):
 
 
 def nvml_library(c, path):
-    """(the loaded library, its path), or the dict nvml_snapshot() answers
-    when there is none: each candidate judged before dlopen runs a byte."""
+    """(the library, its path), each candidate judged before dlopen; or the failure dict."""
     why = "%s not found" % (path or NVML_NAME)
     for name in nvml_candidates(path):
         if not os.path.isfile(name):        # missing, or a FIFO that would block
@@ -1750,8 +1670,7 @@ def nvml_library(c, path):
 
 
 class Nvml(object):
-    """NVML through ctypes, in the probe's child. Every argument is a ctypes
-    object: a bare int would truncate a 64-bit handle."""
+    """NVML in the probe's child; every argument a ctypes object (an int cuts a handle)."""
 
     def __init__(self, c, lib, path):
         self.c, self.lib, self.path = c, lib, path
@@ -1854,9 +1773,8 @@ class Nvml(object):
 
 
 def nvml_health(rows_pending, rows_failed, pages_pending, uncorrected):
-    """Why a GPU needs a reset or service, or None: row remapping pending or
-    failed, retired pages pending, uncorrectable ECC errors since the driver
-    loaded (each None where the GPU cannot tell)."""
+    """Why a GPU needs a reset or service, or None (each figure None where the
+    GPU cannot tell; uncorrected: ECC errors since the driver loaded)."""
     if rows_failed:
         return "row remapping failed: the GPU needs service"
     if rows_pending:
@@ -1887,10 +1805,10 @@ def probe_smi(run, ends_at):
         problem = exc.strerror
     if problem:                 # it would run as root
         raise Fail(EX_CONFIG, "%s: others could have written it: %s" % (path, problem))
-    env = dict(os.environ, LC_ALL="C")
 
     def smi(query):
-        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"], env=env)
+        pid, rfd = spawn(run, argv=[path, query, "--format=csv,noheader,nounits"],
+                         env=dict(os.environ, LC_ALL="C"))
         out, status = collect(run, pid, rfd, ends_at, "nvidia-smi", ends_at)
         if status is None:      # its exit status says which GPUs failed
             kill_probes(run)
@@ -1923,13 +1841,10 @@ def probe_smi(run, ends_at):
 
 
 def parse_smi_csv(text):
-    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as
-    (index or None, bus id, why)).
-
-    A field in brackets ([N/A], [Not Supported]) is unknown (None), never 0;
-    lines with another field count are the tool's own messages, skipped,
-    except "Unable to determine the device handle for GPU <bus>: ..." lines.
-    """
+    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as (index
+    or None, bus id, why)). [N/A], [Not Supported] are None, never 0; lines of
+    another field count are the tool's messages, skipped, except "Unable to
+    determine the device handle for GPU <bus>: ..."."""
     gpus, lost = [], []
     for line in text.splitlines():
         fields = [f.strip() for f in line.split(", ")]
@@ -1972,9 +1887,8 @@ def probe_amd(run, ends_at):
     """AMD's sysfs files in a forked child: a snapshot, or a string if none."""
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
     doc = forked(run, lambda: amd_snapshot(root), ends_at, "AMD sysfs")
-    if not doc.get("gpus"):
-        return "no AMD GPU under %s" % os.path.join(root, "sys/class/drm")
-    return doc
+    return doc if doc.get("gpus") else "no AMD GPU under %s" % os.path.join(
+        root, "sys/class/drm")
 
 
 def amd_snapshot(root):
@@ -1988,10 +1902,7 @@ def amd_snapshot(root):
             return ""
 
     def number(text, shift=0):
-        try:
-            return int(text, 10) >> shift if is_digits(text) else None
-        except ValueError:
-            return None
+        return int(text) >> shift if is_digits(text) else None
 
     gpus = []
     names = os.listdir(base) if os.path.isdir(base) else []
@@ -2023,8 +1934,7 @@ GPU_PROBES = (("nvml", probe_nvml), ("nvidia-smi", probe_smi), ("amd-sysfs", pro
 # ---- Living under cron: the job, the lock, the shared verdict, metrics ------
 
 def find_command(name, environ):
-    """The path of COMMAND, executable; Fail (127 not found, 126 not an
-    executable file), as a shell would say, before any check."""
+    """COMMAND's executable path, before any check; Fail 127 or 126 as a shell says."""
     dirs = environ.get("PATH", os.defpath).split(os.pathsep)
     paths = [name] if "/" in name else [os.path.join(d or ".", name) for d in dirs]
     found = [p for p in paths if os.path.exists(p)]
@@ -2038,21 +1948,17 @@ def find_command(name, environ):
 
 
 def exec_job(path, argv, lock_fd, inherited):
-    """Become the job: the GPU lock inherited, SIGINT, SIGTERM and SIGCHLD as
-    this process found them, SIGPIPE and SIGXFSZ back to default (Python
-    ignores them). A file without #! runs under /bin/sh, as execvp does. Returns
-    (status, why) only when that fails."""
+    """Become the job (lock inherited, signals as found, SIGPIPE, SIGXFSZ at
+    default; no #!: /bin/sh, as execvp does); (status, why) when it fails."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
                    signal.SIGCHLD):
-        keep = inherited.get(signum) is signal.SIG_IGN
-        signal.signal(signum, signal.SIG_IGN if keep else signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_IGN if inherited.get(signum) is signal.SIG_IGN
+                      else signal.SIG_DFL)
     if lock_fd is not None:
         os.set_inheritable(lock_fd, True)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         if sys.stdout is not None:
             sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
     try:
         env = job_environment()
         try:
@@ -2068,8 +1974,7 @@ def exec_job(path, argv, lock_fd, inherited):
 
 def job_environment():
     """The environment this process was given (Python 3.7+ adds LC_CTYPE to
-    its own under the C locale), less the token: the job has credentials of
-    its own, and a secret goes no further than it must."""
+    its own), less the token: a secret goes no further than it must."""
     try:
         with open("/proc/self/environ", "rb") as handle:
             env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0")
@@ -2081,12 +1986,8 @@ def job_environment():
 
 
 def take_lock(path):
-    """An exclusive flock on path, held as long as the descriptor lives.
-
-    Raises Fail: 75 when another holds it, 78 when path cannot be a lock.
-    The file is never deleted: deleting a flock file races with its takers.
-    """
-    import fcntl
+    """An exclusive flock on path (never deleted: that races with its takers);
+    Fail 75 when another holds it, 78 when path cannot be a lock."""
     try:
         fd = open_no_follow(path, 0o600)    # flock needs only a read: others
     except OSError as exc:                  # must not open it at all
@@ -2117,8 +2018,7 @@ def try_flock(fd):
 
 
 def keep_state(run, shared):
-    """After the verdict: whether it is worth a log line (--log-changes-only),
-    the state (shared verdict, skip count), and the metrics file."""
+    """After the verdict: --log-changes-only's judgement, the state, the metrics file."""
     opts, skips = run.opts, None
     if shared is not None:
         before = shared.previous
@@ -2148,12 +2048,9 @@ FLIGHT_POLL = 0.02
 
 class Shared(object):
     """--share-result, --log-changes-only and the skip count: one state file
-    per check in the state directory, and a flight lock beside it.
-
-    The state holds the last check's verdict (time, code, stage, reason,
-    model, pid: what --share-result reuses), the checks in a row that were
-    not ready (skips), and the code last written to syslog (logged).
-    """
+    per check, and a flight lock beside it. The state holds the last check's
+    verdict (time, code, stage, reason, model, pid), the checks in a row that
+    were not ready (skips), and the code last written to syslog (logged)."""
 
     def __init__(self, opts, environ):
         self.opts = opts
@@ -2165,8 +2062,7 @@ class Shared(object):
 
     @classmethod
     def open(cls, run):
-        """The state of run's check when an option needs it, else None (and
-        when the state directory cannot be used: a problem noted)."""
+        """The state of run's check when an option needs it, else None (a problem noted)."""
         opts = run.opts
         if not (opts.share_result or opts.metrics_file or opts.log_changes_only):
             return None
@@ -2177,8 +2073,7 @@ class Shared(object):
             return None
 
     def reusable(self, since):
-        """A verdict to reuse: ready and younger than --share-result, or
-        (since given) any check's verdict written after since."""
+        """A verdict to reuse: ready and young enough, or (since) any written after since."""
         state = self.previous
         if "code" not in state or "time" not in state:     # types: read_state
             return None
@@ -2190,9 +2085,8 @@ class Shared(object):
         return None
 
     def fly(self, run):
-        """Take the flight lock, waiting (to the deadline) while another
-        caller checks, then look at the state again: returns a verdict to
-        reuse, or None when this caller is to check."""
+        """Take the flight lock, waiting (to the deadline) while another caller
+        checks; then a verdict to reuse, or None when this caller is to check."""
         try:
             fd = open_no_follow(self.base + ".lock", 0o600)
         except OSError as exc:      # checked alone, as without --share-result
@@ -2212,10 +2106,9 @@ class Shared(object):
         return self.reusable(since if waited else None)
 
     def unchanged(self, run):
-        """Whether this verdict repeats the last one logged (--log-changes-
-        only). Verdicts that say nothing of the service (a lock held, a bad
-        configuration) are compared only with each other, and never move the
-        service's; the first verdict after a configuration error is news."""
+        """Whether this verdict repeats the last one logged. Verdicts that say
+        nothing of the service (a lock held, a bad configuration) are compared
+        only with each other; the first one after a configuration error is news."""
         before = self.previous
         if run.stage in NOT_A_CHECK:
             return before.get("aside") == [run.code, run.stage]
@@ -2224,8 +2117,7 @@ class Shared(object):
                 and error.get("time", 0) <= before.get("logged_at", 0))
 
     def save(self, run):
-        """Record this run (a check's verdict, the skip count, what was
-        logged) and release the flight lock; returns the skip count."""
+        """Record this run, release the flight lock; returns the skip count."""
         state = dict(self.previous)
         checked = run.reused is None and run.stage not in NOT_A_CHECK \
             and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
@@ -2253,16 +2145,8 @@ class Shared(object):
         return state.get("skips", 0)
 
 
-#: Where the shared verdict and skip count live (--state-dir): the first of
-#: $XDG_RUNTIME_DIR/gpu_preflight, /run/gpu_preflight (root), and a private
-#: directory in /tmp (0700, owned by the user, checked).
-STATE_SUBDIR = "gpu_preflight"
-ROOT_STATE_DIR = "/run/gpu_preflight"
-
-
 def state_dir(opts, environ):
-    """The directory of shared state, made if missing and checked to be the
-    user's own (so nobody else can plant a verdict); raises OSError."""
+    """The state directory, made if missing and only this user's to write (else OSError)."""
     if opts.state_dir:
         path = opts.state_dir
     elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
@@ -2272,10 +2156,8 @@ def state_dir(opts, environ):
         path = ROOT_STATE_DIR
     else:
         path = "/tmp/%s-%d" % (STATE_SUBDIR, os.geteuid())
-    try:
+    with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() \
             or info.st_mode & 0o022:
@@ -2288,9 +2170,8 @@ def state_dir(opts, environ):
 
 
 def state_key(opts, environ):
-    """The file name of a check's state: readable, plus a checksum of all that
-    defines the check (options, the GPUs the environment selects, the API,
-    the token's digest, TLS settings)."""
+    """A check's state file name: readable, plus a checksum of all that defines
+    the check (CHECK options, the GPUs the environment selects, the token)."""
     import zlib
     token = None
     if opts.token:              # hashlib only then: importing it costs 2 ms
@@ -2305,8 +2186,7 @@ def state_key(opts, environ):
 
 
 def read_state(path):
-    """The state saved at path, or {} when there is none or it is not what
-    this script writes (wrong types count as none)."""
+    """The state saved at path, or {} when there is none or it is not what this writes."""
     try:
         doc = parse_json(read_small_file(path, MAX_CONFIG).decode("utf-8"))
     except (OSError, ValueError):
@@ -2323,8 +2203,7 @@ def read_state(path):
 
 
 def metrics_text(run, skips, now):
-    """Prometheus text format: each family once, with HELP and TYPE, no
-    timestamps (node_exporter's textfile collector refuses them)."""
+    """Prometheus text: each family once, HELP and TYPE, no timestamps (node_exporter)."""
     def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
         text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
         return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -2345,9 +2224,7 @@ def metrics_text(run, skips, now):
            m["warmup_ms"] / 1000.0) for m in run.models if m["warmup_ms"] is not None]),
     ]
     lines = []
-    for name, text, samples in families:
-        if not samples:
-            continue
+    for name, text, samples in (family for family in families if family[2]):
         lines += ["# HELP %s_%s %s" % (PROG, name, text), "# TYPE %s_%s gauge" % (PROG, name)]
         lines += ["%s_%s{%s} %s" % (PROG, name, names, repr(float(value))
                                     if isinstance(value, float) else value)
@@ -2357,28 +2234,32 @@ def metrics_text(run, skips, now):
 
 # ---- The report: syslog line, --json, terminal, from one set of facts -------
 
+#: What -v says when the syslog line could not be sent.
+NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
+             "systemd-journald) or name a listening socket or UDP collector with "
+             "--syslog-address; until then skips are printed on stderr")
+
+
 def report(run):
     """Write the verdict: syslog always, stdout for --json, stderr as asked."""
     opts = run.opts
-    elapsed_ms = (time.monotonic() - run.started) * 1000.0
+    facts = verdict_facts(run, (time.monotonic() - run.started) * 1000.0)
 
     def hide(text):     # again on the whole output: nothing echoed gets out
         return redact(text, server_text=False)
 
-    line = hide(log_line(run, elapsed_ms))
+    line = hide(" ".join("%s=%s" % (f[0], quote(f[-1]) if f[0] == "reason" else
+                                    log_value(f[-1])) for f in facts if f[0]))
     problem = None
     if not opts.no_syslog and not run.unchanged:
-        target = None
         start_lookup(run)
-        if run.lookup is not None:
-            target = run.lookup.result(min(SYSLOG_WAIT,
-                                           run.deadline_at - time.monotonic()))
+        wait = lambda: min(SYSLOG_WAIT, run.deadline_at - time.monotonic())
         problem = send_syslog(line, severity_of(run.code), opts.syslog_facility,
-                              opts.syslog_address, target,
-                              min(SYSLOG_WAIT, run.deadline_at - time.monotonic()))
+                              opts.syslog_address, run.lookup and run.lookup.result(wait()),
+                              wait())
     if opts.json:
-        emit("stdout", hide(json.dumps(verdict_json(run, elapsed_ms), sort_keys=True))
-             + "\n")
+        emit("stdout", hide(json.dumps(dict((f[1], f[2]) for f in facts if f[1]),
+                                       sort_keys=True)) + "\n")
     if opts.quiet:
         return
     if opts.verbose:
@@ -2397,9 +2278,8 @@ def report(run):
 
 
 def emit(name, text):
-    """Write text to sys.stdout or sys.stderr (name) at once. A closed or full
-    stream loses the text, never the exit status: it is dropped, so that the
-    interpreter does not fail flushing it again at exit."""
+    """Write text to sys.stdout or sys.stderr (name) now; a closed or full one
+    loses it, never the exit status (dropped: no failed flush at exit)."""
     stream = getattr(sys, name)
     try:
         stream.write(text)
@@ -2416,42 +2296,42 @@ def _isatty(stream):
 
 
 def verdict_reason(run):
-    """The reason with the notes of a ready run appended."""
     if run.code == EX_OK and run.notes:
         return "%s; %s" % (run.reason, "; ".join(run.notes))
     return run.reason
 
 
-def log_line(run, elapsed_ms):
-    """The one line written to syslog (and with -v to stderr)."""
-    fields = [("result", "ready" if run.code == EX_OK else "skip"),
-              ("code", run.code), ("stage", run.stage),
-              ("reason", verdict_reason(run)), ("host", run.opts.host),
-              ("model", run.model), ("elapsed_ms", int(round(elapsed_ms)))]
-    if len(run.models) > 1:
-        fields.append(("models", ", ".join("%s %s %s" % (
-            m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
-            else "%dms" % m["warmup_ms"]) for m in run.models)))
-    fields += [("%s_ms" % name, int(round(ms))) for name, ms in stage_totals(run)]
-    loaded = run.models[0]["was_loaded"] if run.models else None
-    if loaded is not None:
-        fields.append(("was_loaded", "yes" if loaded else "no"))
-    if run.vram_pct is not None:
-        fields.append(("vram_pct", run.vram_pct))
-    if run.api != "ollama":
-        fields.append(("api", run.api))
-    if run.attempt > 1:
-        fields.append(("attempts", run.attempt))
-    if run.reused:
-        fields.append(("shared", "reused"))
-    if run.problems:
-        fields.append(("problem", "; ".join(run.problems)))
-    if run.gpu:
-        fields.append(("gpu_backend", run.gpu["backend"]))
-        for n, gpu in enumerate(run.gpu["gpus"]):
-            fields.append(("gpu%d" % n, gpu_summary(gpu)))
-    return " ".join("%s=%s" % (k, quote(v) if k == "reason" else log_value(v))
-                    for k, v in fields)
+def verdict_facts(run, elapsed_ms):
+    """Every fact of the verdict once: (key in the log line, key in --json,
+    value[, form in the log line]); None: not in that output."""
+    ready, models, opts = run.code == EX_OK, run.models, run.opts
+    loaded = models[0]["was_loaded"] if models else None
+    return [
+        ("result", "result", "ready" if ready else "skip"), (None, "ready", ready),
+        ("code", "exit_code", run.code), ("stage", "stage", run.stage),
+        ("reason", "reason", verdict_reason(run)), ("host", "host", opts.host),
+        ("model", "model", run.model),
+        ("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
+        ("models" if len(models) > 1 else None, "models",
+         [dict((k, v) for k, v in m.items() if k not in ("size", "unreadable"))
+          for m in models],
+         ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
+                                 else "%dms" % m["warmup_ms"]) for m in models)),
+    ] + [("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
+        ("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
+         "yes" if loaded else "no"),
+        ("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
+        ("api" if run.api != "ollama" else None, "api", run.api),
+        ("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
+        ("shared" if run.reused else None, "reused", run.reused is not None, "reused"),
+        ("problem" if run.problems else None, "problems", run.problems,
+         "; ".join(run.problems)),
+        ("gpu_backend" if run.gpu else None, "gpu", run.gpu, run.gpu and run.gpu["backend"]),
+    ] + [("gpu%d" % n, None, gpu_summary(gpu))
+         for n, gpu in enumerate(run.gpu["gpus"] if run.gpu else ())] + [
+        (None, "version", __version__), (None, "timeout_s", opts.timeout),
+        (None, "deadline_s", opts.deadline), (None, "warmup", opts.warmup),
+        (None, "stages", run.stages)]
 
 
 def gpu_summary(gpu):
@@ -2463,34 +2343,12 @@ def gpu_summary(gpu):
                              gpu["name"] or "-")
 
 
-def verdict_json(run, elapsed_ms):
-    """The --json object."""
-    return {
-        "version": __version__, "ready": run.code == EX_OK,
-        "exit_code": run.code, "result": "ready" if run.code == EX_OK else "skip",
-        "host": run.opts.host, "model": run.model, "stage": run.stage,
-        "reason": verdict_reason(run), "elapsed_ms": round(elapsed_ms, 1),
-        "timeout_s": run.opts.timeout, "deadline_s": run.opts.deadline,
-        "warmup": run.opts.warmup,
-        "model_was_loaded": run.models[0]["was_loaded"] if run.models else None,
-        "models": [dict((k, v) for k, v in m.items() if k != "size") for m in run.models],
-        "vram_pct": run.vram_pct, "stages": run.stages, "gpu": run.gpu,
-        "attempts": run.attempt, "reused": run.reused is not None, "api": run.api,
-        "problems": run.problems,
-    }
-
-
 def stage_totals(run):
-    """(stage name, ms) in the order the stages ran; a stage run once per
-    model is one figure, the sum."""
-    totals = []
+    """(stage, ms) in the order run; a stage run once per model is one sum."""
+    totals = {}                 # in insertion order (CPython 3.6, and the language since)
     for stage in run.stages:
-        if totals and any(name == stage["name"] for name, _ in totals):
-            totals = [(n, ms + stage["duration_ms"] if n == stage["name"] else ms)
-                      for n, ms in totals]
-        else:
-            totals.append((stage["name"], stage["duration_ms"]))
-    return totals
+        totals[stage["name"]] = totals.get(stage["name"], 0) + stage["duration_ms"]
+    return list(totals.items())
 
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
@@ -2504,14 +2362,8 @@ def quote(text):
 
 
 def log_value(value):
-    """A value for key=value logs: bare when safe, else quoted."""
     text = sanitise("-" if value is None or value == "" else value, REASON_MAX)
     return text if _BARE_VALUE_RE.match(text) else quote(text)
-
-
-#: Caps on server text quoted in a reason, and on a whole reason (chars).
-SERVER_TEXT_MAX = 200
-REASON_MAX = 1000
 
 
 def sanitise(text, limit=SERVER_TEXT_MAX):
@@ -2525,16 +2377,19 @@ def sanitise(text, limit=SERVER_TEXT_MAX):
     return text
 
 
-#: Every piece of SECRET_PIECE characters of the secrets in use (the bearer
-#: token, as sent and JSON-escaped), and secrets shorter than that: no output
-#: shows them (redact()). Filled by add_secret(), emptied by main().
+#: Every SECRET_PIECE characters of the secrets in use (as sent and escaped),
+#: and shorter secrets, which no output shows (redact()).
 SECRET_PIECE = 8
 _SECRETS = {"pieces": set(), "short": set()}
 
 
+def forget_secrets():
+    for secrets in _SECRETS.values():
+        secrets.clear()
+
+
 def add_secret(secret):
-    """Hide secret, and any SECRET_PIECE characters of it, from every output:
-    as sent, and as a server may echo it (JSON, URL or HTML escaped)."""
+    """Hide secret and its pieces from every output, as sent and as a server echoes it."""
     html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     raw = secret.encode("utf-8", "surrogateescape")
 
@@ -2552,10 +2407,9 @@ def add_secret(secret):
 
 def redact(text, server_text=True):
     """text with every run of characters holding a piece of a secret replaced
-    by [token]. A run swallows a backslash that escapes its first or follows
-    its last character, so a JSON string or a quoted log value stays whole.
-    A secret shorter than a piece is hidden only in server_text, before it
-    is quoted: in a whole line it could be any common letter or a quote."""
+    by [token], with a backslash escaping its first or following its last (a
+    JSON string or quoted log value stays whole). A secret shorter than a
+    piece is hidden only in server_text: in a whole line it could be a letter."""
     pieces, n = _SECRETS["pieces"], SECRET_PIECE
     for short in _SECRETS["short"] if server_text else ():
         text = text.replace(short, "[token]")
@@ -2586,75 +2440,45 @@ def redact(text, server_text=True):
     return "".join(out)
 
 
-def severity_of(code):
-    if code == EX_OK:
-        return SEV_INFO
-    return SEV_ERR if code in (EX_CONFIG, EX_SOFTWARE) else SEV_WARNING
-
-
 #: syslog severities used: ready, skipped, configuration or internal error.
 SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
-
-#: Where syslog lines go unless --syslog-address says otherwise.
-DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
 #: The most a UDP collector's name lookup, or a local stream socket, may
 #: hold the exit after the verdict (never past the deadline).
 SYSLOG_WAIT = 0.2
 
-#: What -v says when the syslog line could not be sent.
-NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
-             "systemd-journald) or name a listening socket or UDP collector with "
-             "--syslog-address; until then skips are printed on stderr")
 
-#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
-FACILITIES = {
-    "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5,
-    "lpr": 6, "news": 7, "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11,
-    "local0": 16, "local1": 17, "local2": 18, "local3": 19,
-    "local4": 20, "local5": 21, "local6": 22, "local7": 23,
-}
-
-_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
-           "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+def severity_of(code):
+    return {EX_OK: SEV_INFO, EX_CONFIG: SEV_ERR, EX_SOFTWARE: SEV_ERR}.get(code, SEV_WARNING)
 
 
 def syslog_message(line, severity, facility, udp, now=None):
     """An RFC 3164 datagram; the hostname only for UDP (local sockets add it)."""
     stamp = time.localtime(now)
-    head = "<%d>%s %2d %02d:%02d:%02d " % (
-        facility * 8 + severity, _MONTHS[stamp.tm_mon - 1], stamp.tm_mday,
-        stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
+    month = "Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec".split()[stamp.tm_mon - 1]
+    head = "<%d>%s %2d %02d:%02d:%02d " % (facility * 8 + severity, month, stamp.tm_mday,
+                                            stamp.tm_hour, stamp.tm_min, stamp.tm_sec)
     if udp:
         head += (socket.gethostname().split(".")[0] or "localhost") + " "
     return ("%s%s[%d]: %s" % (head, PROG, os.getpid(), line)).encode("ascii", "replace")
 
 
 def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
-    """Send one line; never raises, never takes longer than wait. Returns an
-    error or None. A local socket that is a stream (syslog-ng's
-    unix-stream("/dev/log"), some containers) gets what glibc's syslog(3)
-    sends it: the message and a NUL byte.
-
-    udp_target: the resolved (family, sockaddr) of a HOST:PORT address.
-    """
-    sock = None
+    """Send one line (UDP: to udp_target, resolved); an error or None, within
+    wait. A stream socket (syslog-ng's unix-stream, some containers) gets what
+    glibc's syslog(3) sends it: the message and a NUL byte."""
+    udp, sock = isinstance(address, tuple), None
+    if udp and udp_target is None:
+        return "cannot resolve syslog host %s in time" % address[0]
+    message = syslog_message(line, severity, facility, udp)
     try:
-        if isinstance(address, tuple):
-            if udp_target is None:
-                return "cannot resolve syslog host %s in time" % address[0]
-            sock = socket.socket(udp_target[0], socket.SOCK_DGRAM)
-            sock.setblocking(False)
-            sock.sendto(syslog_message(line, severity, facility, True), udp_target[1])
-            return None
-        message = syslog_message(line, severity, facility, False)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock = socket.socket(udp_target[0] if udp else socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setblocking(False)
         try:
-            sock.sendto(message, address)
+            sock.sendto(message, udp_target[1] if udp else address)
             return None
         except OSError as exc:
-            if exc.errno != errno.EPROTOTYPE:
+            if udp or exc.errno != errno.EPROTOTYPE:
                 raise
         sock.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -2669,30 +2493,25 @@ def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_
     return None
 
 
-class Lookup(object):
-    """getaddrinfo of a UDP syslog host, in the background from the start of
-    the run: DNS can stall, and neither the verdict nor the deadline waits."""
+class Lookup(threading.Thread):
+    """getaddrinfo of a UDP syslog host in the background: DNS can stall, the run cannot."""
 
     def __init__(self, host, port):
-        self.target = None
-        self._thread = threading.Thread(target=self._resolve, args=(host, port))
-        self._thread.daemon = True
-        self._thread.start()
+        threading.Thread.__init__(self, daemon=True)
+        self.host, self.port, self.target = host, port, None
+        self.start()
 
-    def _resolve(self, host, port):
-        try:
-            info = socket.getaddrinfo(host, port, 0, socket.SOCK_DGRAM)[0]
+    def run(self):
+        with contextlib.suppress(OSError, UnicodeError, ValueError, IndexError):
+            info = socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_DGRAM)[0]
             self.target = (info[0], info[4])
-        except (OSError, UnicodeError, ValueError, IndexError):
-            pass
 
     def result(self, wait):
-        self._thread.join(max(0.0, wait))
+        self.join(max(0.0, wait))
         return self.target
 
 
 def start_lookup(run):
-    """Resolve a UDP syslog collector's name in the background, once."""
     if (run.lookup is None and isinstance(run.opts.syslog_address, tuple)
             and not run.opts.no_syslog):
         run.lookup = Lookup(*run.opts.syslog_address)
@@ -2701,7 +2520,6 @@ def start_lookup(run):
 # ---- Configuration: flags > GPU_PREFLIGHT_* > config file > defaults --------
 
 def parse_seconds(text):
-    """A positive number of seconds."""
     try:
         value = float(text)
     except ValueError:
@@ -2712,18 +2530,12 @@ def parse_seconds(text):
 
 
 def parse_count(text, most=10 ** 9):
-    """A whole number from 0 to most (MiB, percent, degrees, processes)."""
     if not is_digits(text.strip()) or int(text) > most:
         raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
     return int(text)
 
 
-def parse_percent(text):
-    return parse_count(text, 100)
-
-
 def parse_choice(*choices):
-    """A parser accepting one of choices."""
     def parse(text):
         if text not in choices:
             raise ValueError("%r: choose %s or %s" % (text, ", ".join(choices[:-1]),
@@ -2733,7 +2545,6 @@ def parse_choice(*choices):
 
 
 def parse_bool(text):
-    """A boolean from the environment or the config file."""
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -2743,8 +2554,7 @@ def parse_bool(text):
 
 
 def parse_path(text):
-    """A file or directory path: not empty, no NUL byte; in the file
-    system's encoding (ASCII with escapes under Python 3.6's C locale)."""
+    """A path: not empty, no NUL; in the file system's encoding (3.6, C locale: escaped)."""
     if not text.strip() or "\0" in text:
         raise ValueError("%r is not a path" % text)
     return os.fsdecode(text.encode("utf-8", "surrogateescape"))
@@ -2752,7 +2562,6 @@ def parse_path(text):
 
 #: A Go duration as Ollama's keep_alive accepts it ("10m", "-1h30m", "0s").
 _DURATION = r"^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|ms|s|m|h))+$"
-_NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
 
 
 def parse_keep_alive(text):
@@ -2820,30 +2629,27 @@ def parse_require(text):
     return [(model.strip() or None, caps)]
 
 
-def split_require(text):
-    """--require items of an environment or config value: "tools, vision
-    qwen3=thinking" is two items (a comma joins, a blank parts)."""
-    return re.sub(r"\s*,\s*", ",", text).split()
-
-
 def shlex_split(text):
-    """Words of an environment or config value, quoted as in a shell."""
     import shlex
     return shlex.split(text)
 
 
 def utf8(text):
-    """text decoded as UTF-8 where it arrived escaped: Python 3.6 decodes
-    argv and the environment as ASCII under cron's C locale (3.7 and later
-    as UTF-8). Bytes that are not UTF-8 stay escaped."""
+    """text decoded as UTF-8 where it arrived escaped (Python 3.6 decodes argv
+    and the environment as ASCII under the C locale); other bytes stay so."""
     try:
         return text.encode("utf-8", "surrogateescape").decode("utf-8")
     except UnicodeError:
         return text
 
 
+#: syslog facility codes (RFC 5424), by the names logger(1) accepts.
+FACILITIES = dict(zip("kern user mail daemon auth syslog lpr news uucp cron authpriv ftp "
+                      "local0 local1 local2 local3 local4 local5 local6 local7".split(),
+                      list(range(12)) + list(range(16, 24))))
+
+
 def parse_facility(text):
-    """A syslog facility name, returned as its code."""
     if text.lower() not in FACILITIES:
         raise ValueError("%r: not a syslog facility (user, daemon, local0..local7...)"
                          % text)
@@ -2891,36 +2697,31 @@ def host_url(value):
     if bad_port is not None or port == "0":
         raise ValueError("%s: invalid port %r (1 to 65535)" % (value.strip(),
                                                               bad_port or port))
-    if not url.startswith(("http://", "https://")):
-        raise ValueError("%s: only http:// and https:// URLs are supported"
-                         % value.strip())
-    if not usable_host(url_host(url)):
-        raise ValueError("%s: %r is not a host name or IP address"
-                         % (value.strip(), url_host(url)))
+    problem = url_problem(url)
+    if problem:
+        raise ValueError("%s: %s" % (value.strip(), problem))
     return url
 
 
-def usable_host(host):
-    """A host urllib can connect to: a name, an IPv4 or an IPv6 literal."""
-    if ":" not in host:
-        return bool(re.match(r"^[A-Za-z0-9._~-]*$", host))
-    try:
-        socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0])
-    except (OSError, ValueError):
-        return False
-    return True
+def url_problem(url):
+    """Why urllib cannot use a base URL (not http(s), no usable host), or None."""
+    host = url_host(url)
+    if not url.startswith(("http://", "https://")):
+        return "only http:// and https:// URLs are supported"
+    if ":" not in host and re.match(r"^[A-Za-z0-9._~-]*$", host):
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        if ":" in host and socket.inet_pton(socket.AF_INET6, host.split("%", 1)[0]):
+            return None
+    return "%r is not a host name or IP address" % host
 
 
 def parse_ollama_host(value):
-    """Parse OLLAMA_HOST as Ollama does; return (base URL, the bad port it
-    replaced with the default, or None).
-
-    'http://host' means port 80 and 'https://host' port 443; without a scheme
-    the port is 11434; quotes and spaces are stripped; a path is kept as a
-    prefix; a bad port falls back to the default with a warning.
-    """
+    """(base URL, the bad port replaced with the default, or None) of an
+    OLLAMA_HOST, as Ollama reads it: http://host means port 80, https://host
+    443, no scheme 11434; quotes and spaces stripped; a path kept as a prefix."""
     text = value.strip().strip("\"'").strip()
-    port = OLLAMA_PORT
+    port = "11434"
     if "://" in text:
         scheme, rest = text.split("://", 1)
         port = {"http": "80", "https": "443"}.get(scheme, port)
@@ -2950,19 +2751,15 @@ def _split_host_port(text):
         if end < 0 or not text[end + 1:].startswith(":"):
             return None, None
         return text[1:end], text[end + 2:]
-    if text.count(":") != 1:
-        return None, None
-    host, port = text.split(":")
-    return host, port
+    return tuple(text.split(":")) if text.count(":") == 1 else (None, None)
 
 
-#: Whether an option defines the check (callers share a verdict under
-#: --share-result only when all of these are the same) or only how the check
-#: runs and reports.
-CHECK, HOW = "check", "how"
+#: Where syslog lines go unless --syslog-address says otherwise.
+DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
-#: Every option, by --help group: (long name, short, CHECK or HOW, parser or
-#: "flag"/"list", default, metavar, help).
+#: Every option, by --help group: (long name, short, CHECK or HOW, parser,
+#: "flag", or (parser of one value, splitter of env/file text), default,
+#: metavar, help).
 OPTIONS = (
     ("the service", (
         ("host", None, CHECK, host_url, None, "URL",
@@ -2989,7 +2786,9 @@ OPTIONS = (
          "a model the job uses; repeatable, or NAME,NAME (default: one already "
          "loaded, else the first listed). Each must be present and answer, and "
          "all must sit in VRAM together; an embedding model is proven by a vector"),
-        ("require", None, CHECK, (parse_require, split_require), None,
+        # from the environment or a file, "tools, vision qwen3=thinking" is two
+        ("require", None, CHECK, (parse_require, lambda text: re.sub(
+            r"\s*,\s*", ",", text).split()), None,
          "[MODEL=]CAP[,CAP]", "capabilities the job's generative models (or MODEL) "
          "must declare: %s; repeatable" % ", ".join(CAPABILITIES)),
         ("warmup", None, CHECK, parse_choice("token", "load", "off"), "token", "token|load|off",
@@ -3024,7 +2823,7 @@ OPTIONS = (
          "every checked GPU must be fit, or any one (default all)"),
         ("min-free-mib", None, CHECK, parse_count, None, "MIB",
          "skip unless this much GPU memory is free"),
-        ("max-util", None, CHECK, parse_percent, None, "PCT",
+        ("max-util", None, CHECK, lambda text: parse_count(text, 100), None, "PCT",
          "skip when GPU utilisation is above PCT"),
         ("max-procs", None, CHECK, parse_count, None, "N",
          "skip when more than N compute processes use the GPU"),
@@ -3090,8 +2889,7 @@ The bearer token is read from --token-file or GPU_PREFLIGHT_TOKEN only.
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's help layout, without importing shutil (2 ms of every run:
-    argparse makes a formatter even when no help is printed)."""
+    """argparse's help layout without shutil (2 ms: argparse makes one on every run)."""
 
     def __init__(self, prog):
         try:
@@ -3128,15 +2926,14 @@ def _argtype(parse):
 
 
 def each_option():
-    """Every option's entry in OPTIONS, whatever its group."""
     return [option for _, options in OPTIONS for option in options]
 
 
 def build_parser():
     """The command line: every option defaults to None (= not given)."""
-    parser = _Parser(prog=PROG, description="\n\n".join(__doc__.split("\n\n")[:7]),
-                     epilog=EPILOG, allow_abbrev=False,
-                     formatter_class=_Formatter)
+    parser = _Parser(prog=PROG, usage="%(prog)s [OPTION ...] [-- COMMAND [ARG ...]]",
+                     description="\n\n".join(__doc__.split("\n\n")[:7]), epilog=EPILOG,
+                     allow_abbrev=False, formatter_class=_Formatter)
     for title, options in OPTIONS:
         group = parser.add_argument_group(title)
         for name, short, _, kind, default, metavar, text in options:
@@ -3148,9 +2945,9 @@ def build_parser():
                                    help=text, type=_argtype(kind[0]))
             else:
                 group.add_argument(*flags, metavar=metavar, help=text, type=_argtype(kind))
-    parser.add_argument("--config", metavar="PATH",
-                        help="config file (default %s when it exists; or "
-                        "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
+    parser.add_argument_group("configuration").add_argument(
+        "--config", metavar="PATH", help="config file (default %s when it exists; or "
+        "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
     parser.add_argument("--version", action="version",
                         version="%s %s (Python %s)" % (
                             PROG, __version__, sys.version.split()[0]))
@@ -3158,11 +2955,9 @@ def build_parser():
 
 
 def configure(ns, environ):
-    """Options for this run, plus a configuration error message or None.
-
-    On error the options still carry what flags and defaults say, so the
-    error is logged where the command line asked.
-    """
+    """Options for this run, plus a configuration error message or None (the
+    options then carry what flags and defaults say: the error is logged where
+    the command line asked)."""
     path, must_exist = config_path(ns, environ)
     try:
         values = read_config_file(path, must_exist)
@@ -3178,10 +2973,8 @@ def configure(ns, environ):
 
 
 def config_path(ns, environ):
-    """(path, whether it must exist) of the config file: --config, else
-    GPU_PREFLIGHT_CONFIG, else, not running as root, the user's
-    $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config) when it exists (where
-    install.sh --sysconfdir "$HOME/.config" puts it), else DEFAULT_CONFIG."""
+    """(path, must it exist): --config, GPU_PREFLIGHT_CONFIG, (not as root) an
+    existing $XDG_CONFIG_HOME/gpu_preflight.conf (~/.config), DEFAULT_CONFIG."""
     given = ns.config or environ.get(ENV_PREFIX + "CONFIG", "").strip()
     if given:
         return given, True
@@ -3195,12 +2988,8 @@ def config_path(ns, environ):
     return DEFAULT_CONFIG, False
 
 
-MAX_CONFIG = 64 * 1024
-
-
 def read_config_file(path, must_exist):
-    """The [gpu_preflight] keys of an INI file, as {option name: text};
-    None when there is no file and none was asked for."""
+    """The [gpu_preflight] keys of an INI file; None when there is none, as allowed."""
     if not must_exist and not os.path.lexists(path):   # a dangling link is an error
         return None
     try:
@@ -3210,7 +2999,7 @@ def read_config_file(path, must_exist):
     except ValueError as exc:
         raise ConfigError("cannot read config file %s: %s" % (path, exc))
     lines = [l.strip() for l in text.splitlines() if l.strip()[:1] not in ("", "#", ";")]
-    if lines in ([], ["[%s]" % CONFIG_SECTION]):
+    if lines in ([], ["[%s]" % PROG]):
         return {}           # install.sh's example, all comments: no configparser
     import configparser
     parser = configparser.ConfigParser(interpolation=None)
@@ -3218,15 +3007,15 @@ def read_config_file(path, must_exist):
         parser.read_string(text, path)
     except configparser.MissingSectionHeaderError:
         raise ConfigError("bad config file %s: its first setting comes before any "
-                          "section: put [%s] on a line above it" % (path, CONFIG_SECTION))
+                          "section: put [%s] on a line above it" % (path, PROG))
     except configparser.Error as exc:   # its first lines say what and where
         said = " ".join(str(exc).split("\n")[:2]).replace("\t", " ") or type(exc).__name__
         raise ConfigError("bad config file %s: %s" % (path, said))
-    if not parser.has_section(CONFIG_SECTION):
-        raise ConfigError("config file %s has no [%s] section" % (path, CONFIG_SECTION))
+    if not parser.has_section(PROG):
+        raise ConfigError("config file %s has no [%s] section" % (path, PROG))
     known = set(o[0] for o in each_option())
     values = {}
-    for key, text in parser.items(CONFIG_SECTION):
+    for key, text in parser.items(PROG):
         name = key.replace("_", "-")
         if name not in known:
             raise ConfigError("config file %s: unknown key %r" % (path, key))
@@ -3235,10 +3024,8 @@ def read_config_file(path, must_exist):
 
 
 def resolve_options(ns, environ, file_values, file_name="config file"):
-    """Merge flags, environment, file and defaults into one Namespace.
-
-    Raises ConfigError for a bad environment or file value.
-    """
+    """Flags, environment, file and defaults merged into one Namespace;
+    ConfigError for a bad environment or file value."""
     file_values = file_values or {}
     opts = argparse.Namespace(said=[])     # said: what -v tells about the setup
     for name, _, _, kind, default, _, _ in each_option():
@@ -3255,7 +3042,10 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                 value = _from_text(kind, file_values[name])
         except ValueError as exc:
             raise ConfigError("%s: %s" % (source, exc))
-        setattr(opts, attr, default if value is None else value)
+        value = default if value is None else value
+        if isinstance(kind, tuple):     # repeated flags: one list
+            value = [x for part in value or () for x in part]
+        setattr(opts, attr, value)
     if opts.host is None:
         opts.host = DEFAULT_HOST
         if environ.get("OLLAMA_HOST", "").strip():
@@ -3264,12 +3054,9 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                 opts.said.append("OLLAMA_HOST=%s: invalid port %r, using %s as Ollama "
                                  "does" % (sanitise(environ["OLLAMA_HOST"]), bad_port,
                                            opts.host.rsplit(":", 1)[1]))
-            if not opts.host.startswith(("http://", "https://")):
-                raise ConfigError("OLLAMA_HOST=%r: only http:// and https:// "
-                                  "are supported" % environ["OLLAMA_HOST"])
-            if not usable_host(url_host(opts.host)):
-                raise ConfigError("OLLAMA_HOST=%r: %r is not a host name or IP address"
-                                  % (environ["OLLAMA_HOST"], url_host(opts.host)))
+            problem = url_problem(opts.host)
+            if problem:
+                raise ConfigError("OLLAMA_HOST=%r: %s" % (environ["OLLAMA_HOST"], problem))
     opts.gpu = bool(opts.gpu or opts.gpu_backend or opts.nvml_lib or opts.gpu_id
                     or opts.strict_gpu
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
@@ -3277,10 +3064,6 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
     opts.token = opts.tls_context = None    # read_token() and tls_context()
     if opts.deadline is None:
         opts.deadline = DEFAULT_DEADLINE + (opts.wait or 0) + (opts.jitter or 0)
-    for name, _, _, kind, _, _, _ in each_option():    # repeated flags: one list
-        attr = name.replace("-", "_")
-        if isinstance(kind, tuple):
-            setattr(opts, attr, [x for part in getattr(opts, attr) or () for x in part])
     opts.ollama_option = dict(opts.ollama_option)
     if opts.verbose and opts.quiet:     # a flag beats the environment and file
         if ns.verbose or ns.quiet:
@@ -3291,7 +3074,6 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
 
 
 def _from_text(kind, text):
-    """An option's value from environment or file text."""
     if kind == "flag":
         return parse_bool(text)
     if isinstance(kind, tuple):
@@ -3300,11 +3082,9 @@ def _from_text(kind, text):
 
 
 def read_token(opts, environ):
-    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None.
-
-    Raises Fail (78): a token file others can read while running as root,
-    an empty file, or a token a header cannot carry.
-    """
+    """The bearer token from --token-file or GPU_PREFLIGHT_TOKEN, or None; Fail
+    (78) for a file others can read (as root), an empty one, or a token a
+    header cannot carry."""
     path, where = opts.token_file, "GPU_PREFLIGHT_TOKEN"
     text = environ.get(ENV_PREFIX + "TOKEN", "")
     if text.strip():
@@ -3332,8 +3112,7 @@ def read_token(opts, environ):
 
 
 def tls_context(opts):
-    """The TLS context for an https:// host: the system's CA store, or
-    --cafile, or no verification at all with --insecure."""
+    """The TLS context of an https:// host: the system's CAs, --cafile, or --insecure."""
     if not opts.host.startswith("https://"):
         return None
     import ssl
@@ -3352,16 +3131,14 @@ def tls_context(opts):
             sanitise(opts.cafile), sanitise(exc)), "config")
 
 
-# ---- Files that root reads or writes: trusted, bounded, never blocking ------
+# ---- Files root reads or writes (trusted, bounded); errors, small utilities --
 
 def untrusted(path):
-    """Why someone other than this user or root could have written path (a
-    file this process reads configuration or a secret from, or loads code
-    from), or None. OpenSSH's StrictModes: the file and every directory above
-    it are owned by this user or root and writable by no one else; a sticky
-    directory such as /tmp is fine above an entry that passes; a symlink is
-    judged by its owner, the directory holding it and what it points to.
-    Raises OSError when the path cannot be looked up."""
+    """Why someone other than this user or root could have written path, or
+    None; OSError when it cannot be looked up. OpenSSH's StrictModes: the file
+    and every directory above it owned by this user or root and writable by
+    no one else (a sticky /tmp is fine above an entry that passes); a symlink
+    judged by its owner, the directory holding it and what it points to."""
     owners = (0, os.geteuid())
     todo = [p for p in os.path.join(os.getcwd(), path).split("/") if p]  # no lexical ..
     here, hops = "/", 0
@@ -3395,8 +3172,7 @@ def untrusted(path):
 
 
 def user_name(uid, bare=False):
-    """'uid 65534 (nobody)' for messages about who owns a file; bare:
-    'nobody', as chown takes it."""
+    """'uid 65534 (nobody)' for messages; bare: 'nobody', as chown takes it."""
     import pwd
     try:
         name = pwd.getpwuid(uid).pw_name
@@ -3406,8 +3182,7 @@ def user_name(uid, bare=False):
 
 
 def read_trusted(path, limit):
-    """The bytes of a small regular file that only this user or root could
-    have written (untrusted()); raises ValueError saying why not."""
+    """A small regular file only this user or root could write; else ValueError why."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise ValueError("not a regular file")
@@ -3422,9 +3197,8 @@ def read_trusted(path, limit):
 
 
 def read_up_to(read, limit):
-    """What read(size) gives until it gives b"", or more than limit bytes
-    (then limit + 1 of them, so the caller can say "too large"); never asks
-    for more than 64 KiB at a time (read(limit) would allocate limit)."""
+    """What read(size) gives until b"", or limit + 1 bytes (the caller can say
+    "too large"); 64 KiB at a time (read(limit) would allocate limit)."""
     chunks, size = [], 0
     while size <= limit:
         chunk = read(min(65536, limit + 1 - size))
@@ -3435,19 +3209,9 @@ def read_up_to(read, limit):
     return b"".join(chunks)
 
 
-def open_files_limit():
-    try:
-        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
-    except (OSError, ValueError):
-        return 1024
-
-
 def read_small_file(path, limit):
-    """The bytes of a regular file of at most `limit` bytes.
-
-    Never blocks on a FIFO or device, never reads more than limit + 1 bytes;
-    raises OSError, or ValueError for a file that is not small and regular.
-    """
+    """The bytes of a regular file of at most limit bytes, never blocking on a
+    FIFO or device; OSError, or ValueError when it is not small and regular."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # novermin: flags, not types
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -3461,8 +3225,7 @@ def read_small_file(path, limit):
 
 
 def open_no_follow(path, mode=0o644):
-    """A descriptor of a regular file, created with mode when missing; a
-    symlink at path is never followed (raises OSError, ELOOP)."""
+    """A regular file's descriptor, created with mode if missing; never via a symlink."""
     try:
         fd = create_no_follow(path, mode, os.O_RDONLY)
     except FileExistsError:
@@ -3474,8 +3237,7 @@ def open_no_follow(path, mode=0o644):
 
 
 def create_no_follow(path, mode, flags, dir_fd=None):
-    """A new file's descriptor, with mode whatever the umask; never through a
-    symlink, never one that exists (FileExistsError)."""
+    """A new file's descriptor with mode whatever the umask; never via a symlink."""
     fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode,  # novermin
                  dir_fd=dir_fd)
     os.fchmod(fd, mode)
@@ -3483,11 +3245,9 @@ def create_no_follow(path, mode, flags, dir_fd=None):
 
 
 def write_atomic(path, data, mode):
-    """Replace path with data: a temporary file beside it, then rename, both
-    through a descriptor of the directory. The directory itself is not a
-    symlink, and is this user's or root's and writable by no one else
-    (sticky /tmp aside): one that another user could swap or write would
-    take root's file wherever they like."""
+    """Replace path with data (a temporary file, then rename) through a
+    descriptor of its directory: no symlink, this user's or root's, writable
+    by no one else, sticky /tmp aside (another's could redirect root's file)."""
     directory, name = os.path.split(path)
     dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # novermin
     try:
@@ -3519,8 +3279,6 @@ def _owner(path):
         return None
 
 
-# ---- Errors and small utilities ---------------------------------------------
-
 class UsageError(Exception):
     """A bad flag or flag value: exit 64 with a message on stderr."""
 
@@ -3530,15 +3288,12 @@ class ConfigError(Exception):
 
 
 class Fail(Exception):
-    """A stage ended the run with an exit status and a reason."""
+    """A stage ended the run: exit status, reason, and the HTTP status and message if any."""
 
     def __init__(self, code, reason, stage=None, status=None, detail=None):
         Exception.__init__(self, reason)
-        self.code = code
-        self.reason = reason
-        self.stage = stage
-        self.status = status        # the HTTP status, when there was one
-        self.detail = detail        # and the server's own message
+        self.code, self.reason, self.stage = code, reason, stage
+        self.status, self.detail = status, detail
 
 
 class TimedOut(Exception):
@@ -3547,23 +3302,16 @@ class TimedOut(Exception):
 
 class Interrupted(BaseException):
     """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
-
-    def __init__(self, signum):
-        BaseException.__init__(self, signum)
-        self.signum = signum
+    signum = property(lambda self: self.args[0])
 
 
 class _ParserExit(Exception):
-    """argparse finished (--help, --version) and wants this status."""
-
-    def __init__(self, status):
-        Exception.__init__(self, status)
-        self.status = status
+    """argparse finished (--help, --version, a usage error) with this status."""
+    status = property(lambda self: self.args[0])
 
 
 def is_digits(text):
-    """A count in ASCII digits ("\u00b2".isdigit() is true, and int() refuses
-    it; Python 3.11 refuses more than 4300 digits), of at most 18."""
+    """A count in 1 to 18 ASCII digits (str.isdigit() takes more than int() does)."""
     return bool(re.match(r"^[0-9]{1,18}$", text))
 
 

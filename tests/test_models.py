@@ -389,6 +389,19 @@ class CapabilityTest(ModelsCase):
         self.assertIn("problem", fields, fields)
         self.assertIn("capabilit", fields["problem"])
 
+    def test_unreadable_capabilities_with_json_are_a_note_not_an_internal_error(self):
+        """A garbled POST /api/show (optional stage) is noted; --json still
+        answers (the failure kept for --require is no JSON value)."""
+        emu = self.ollama(llama(caps=("completion",)), version=MID, mode="garbage",
+                          fault_on="/api/show")
+        res = self.check(emu.url, "--model", "llama3.2", "--json")
+        fields = self.verdict(res, 0, "capabilities of llama3.2:latest unknown",
+                              quiet=False)
+        self.assertEqual(res.stderr, "")
+        doc = json.loads(res.stdout)
+        self.assertEqual((doc["exit_code"], doc["reason"]), (0, fields["reason"]))
+        self.assertEqual([m["name"] for m in doc["models"]], ["llama3.2:latest"])
+
     def test_an_unknown_capability_is_a_usage_error_listing_the_known_ones(self):
         emu = self.ollama(qwen(), nomic())
         for value in ("teleport", "qwen3=tools,teleport", "tools,"):

@@ -38,7 +38,8 @@ def readme_blocks():
 
 
 def command_lines():
-    """The argument lists of every gpu_preflight invocation in a block."""
+    """(line, options, whether a -- COMMAND follows) of every gpu_preflight
+    invocation in a block."""
     found = []
     for info, body in readme_blocks():
         for line in body.replace("\\\n", " ").split("\n"):
@@ -46,8 +47,8 @@ def command_lines():
                               line)
             if not match or line.lstrip().startswith("command:"):
                 continue
-            words = shlex.split(match.group(1).split(" -- ")[0], comments=True)
-            found.append((line, words))
+            options, dashes, _ = match.group(1).partition(" -- ")
+            found.append((line, shlex.split(options, comments=True), bool(dashes)))
     return found
 
 
@@ -183,14 +184,28 @@ class ReferenceTest(unittest.TestCase):
 
 class RecipeTest(unittest.TestCase):
     def test_every_command_line_parses(self):
+        """Each recipe line as the script itself reads a command line: every
+        option taken as written, the COMMAND after -- found, the options
+        merged without a configuration error."""
         lines = command_lines()
         self.assertGreaterEqual(len(lines), 9, "README lost its recipes?")
-        for line, words in lines:
+        for line, words, has_command in lines:
             with self.subTest(line=line):
+                args = words + (["--", "/bin/true"] if has_command else [])
                 try:
-                    gp.build_parser().parse_args(words)
-                except gp.UsageError as exc:
-                    self.fail("%s: %s" % (line, exc))
+                    ns, command = gp.parse_command_line(args)
+                    opts = gp.resolve_options(ns, {}, {})
+                except (gp._ParserExit, gp.ConfigError) as exc:
+                    self.fail("%s: %r" % (line, exc))
+                self.assertEqual(command, ["/bin/true"] if has_command else None)
+                given = [w.split("=")[0] for w in words
+                         if w.startswith("--") or w in ("-v", "-q")]
+                self.assertTrue(given, "no option read from the line")
+                for word in given:
+                    name = {"-v": "verbose", "-q": "quiet"}.get(word, word[2:])
+                    self.assertIsNotNone(getattr(ns, name.replace("-", "_"), None),
+                                         "%s not taken as given" % word)
+                    self.assertIsNotNone(getattr(opts, name.replace("-", "_"), None), word)
 
     def test_systemd_units_verify(self):
         tool = support.require_tool(self, "systemd-analyze")

@@ -1,6 +1,7 @@
 """Unit tests of gpu_preflight's pure parts, imported in-process."""
 
 import os
+import re
 import tempfile
 import unittest
 
@@ -564,6 +565,25 @@ class TrustTest(unittest.TestCase):
             self.assertIsNone(gp.untrusted(os.path.join(tmp, "link")))
             os.mkdir(os.path.join(tmp, "d"), 0o755)
             self.assertIsNone(gp.untrusted(os.path.join(tmp, "d", "..", "f")))
+
+
+class SourceMapTest(unittest.TestCase):
+    def test_the_docstring_maps_the_sections_in_file_order(self):
+        """The module docstring ends with one line per banner section, in order."""
+        with open(support.SCRIPT) as handle:
+            banners = re.findall(r"^# ---- (.*?)(?: -*)?$", handle.read(), re.M)
+        doc = gp.__doc__.rstrip().split("\n\n")[-1].split("\n")
+        self.assertEqual(doc[0], "The file, top to bottom, one section each:")
+        self.assertEqual(len(doc) - 1, len(banners))
+        for line, banner in zip(doc[1:], banners):
+            name = line.strip().split("  ")[0]
+            self.assertIn(name.lower(), banner.lower(), (line, banner))
+
+    def test_help_describes_with_the_docstring_before_its_last_paragraphs(self):
+        description = gp.build_parser().description
+        self.assertTrue(gp.__doc__.startswith(description))
+        self.assertIn("Exit status", description)
+        self.assertNotIn("The file, top to bottom", description)
 
 
 class MainInProcessTest(unittest.TestCase):
