@@ -368,8 +368,6 @@ class Run(object):
         except Fail as exc:
             self._record(stage, "unknown" if optional else "fail", exc.reason)
             exc.stage = exc.stage or name
-            if model is not None and not optional:
-                model["reason"] = exc.reason
             raise
         except Interrupted as exc:  # in the main thread: the GPU stage
             self._record(stage, "fail", "interrupted")
@@ -392,6 +390,8 @@ class Run(object):
                                 "duration_ms": round(ms, 1), "reason": reason})
             if stage.model:
                 self.stages[-1]["model"] = stage.model["name"]
+                if status == "fail":        # --json says why per model
+                    stage.model["reason"] = reason
             if code is not None:
                 self.code, self.stage, self.reason = code, stage.name, reason
                 self.wake.set()
@@ -1037,8 +1037,8 @@ def ask_openai(run, client, model, stage):
                 return "wrong kind"
             if stage != "embedding" and exc.status in (404, 405):
                 return "no route"
-            if stage == "embedding" and exc.status in (404, 405, 501) or \
-                    re.search(r"(?i)support embeddings|embedding=True", exc.detail or ""):
+            if stage == "embedding" and (exc.status in (404, 405, 501) or re.search(
+                    r"(?i)support embeddings|embedding=True", exc.detail or "")):
                 raise Fail(EX_CONFIG, "%s: the server neither completes nor embeds with "
                            "this model (%s)" % (what, sanitise(exc.detail or exc.status)))
             raise
@@ -2587,12 +2587,23 @@ def parse_ollama_option(text):
     if key == "num_predict":
         raise ValueError("num_predict is fixed at 1 for the warm-up")
     try:
+        if max_depth(raw) > 100:     # Python 3.13 parses 5000 levels; no option has 3
+            raise ValueError("nested too deeply")
         value = parse_json(raw)
     except ValueError as exc:
         if not isinstance(exc, json.JSONDecodeError):   # too deep, too long a number
             raise ValueError("%s: %s" % (key, exc))
         value = raw
     return key, value
+
+
+def max_depth(text):
+    """How deep brackets nest in text, strings not counted."""
+    depth = most = 0
+    for token in re.findall(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(token, 0)
+        most = max(most, depth)
+    return most
 
 
 #: What Ollama's models may declare (types/model/capability.go), for --require.
@@ -2806,7 +2817,8 @@ OPTIONS = (
     ("the GPU", (
         ("gpu", None, CHECK, "flag", False, None,
          "check the GPU itself first (stage gpu): driver up, no GPU lost, "
-         "thresholds met; implied by every option below"),
+         "thresholds met; implied by --gpu-backend, --nvml-lib, --gpu-id, a "
+         "threshold and --strict-gpu"),
         ("gpu-timeout", None, CHECK, parse_seconds, DEFAULT_GPU_TIMEOUT, "SECONDS",
          "time limit of the GPU stage (default %g; NVML initialises each GPU in "
          "1-3 s without persistence mode)" % DEFAULT_GPU_TIMEOUT),
