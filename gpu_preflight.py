@@ -2149,8 +2149,9 @@ def state_dir(opts, environ):
     """The state directory, made if missing and only this user's to write (else OSError)."""
     if opts.state_dir:
         path = opts.state_dir
-    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and \
-            _owner(environ["XDG_RUNTIME_DIR"]) == os.geteuid():  # not su's leftover
+    elif environ.get("XDG_RUNTIME_DIR", "").startswith("/") and os.path.isdir(
+            environ["XDG_RUNTIME_DIR"]) and os.lstat(  # not su's leftover
+            environ["XDG_RUNTIME_DIR"]).st_uid == os.geteuid():
         path = os.path.join(environ["XDG_RUNTIME_DIR"], STATE_SUBDIR)
     elif os.geteuid() == 0:
         path = ROOT_STATE_DIR
@@ -3282,13 +3283,6 @@ def write_atomic(path, data, mode):
             raise
     finally:
         os.close(dfd)
-
-
-def _owner(path):
-    try:
-        return os.lstat(path).st_uid
-    except OSError:
-        return None
 
 
 class UsageError(Exception):
