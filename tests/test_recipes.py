@@ -61,8 +61,8 @@ def readme_json_fields():
     """{top-level key: [its nested keys]} of the README's sentence "`--json`
     prints one object with these fields: ...": names in backticks, a
     parenthesis after a key listing the keys of its objects."""
-    match = re.search(r"^`--json` prints one object with these fields: (.*?)\n\n",
-                      readme_text(), re.M | re.S)
+    match = re.search(r"(?ms)^`--json` prints one object with these fields: (.*?)\n\n",
+                      readme_text())
     if not match:
         raise AssertionError("README.md lost its sentence \"`--json` prints one "
                              "object with these fields: ...\"")
@@ -87,8 +87,7 @@ def readme_json_fields():
 def readme_options_table():
     """[(long option or None, environment variable, check cell, row)] of the
     table under "### Options and environment"."""
-    section = re.search(r"^### Options and environment\n(.*?)(?=^#)", readme_text(),
-                        re.M | re.S)
+    section = re.search(r"(?ms)^### Options and environment\n(.*?)(?=^#)", readme_text())
     if not section:
         raise AssertionError("README.md lost its section ### Options and environment")
     rows = []
