@@ -412,12 +412,8 @@ class Run(object):
     def interrupt(self, signum, stage):
         """The verdict of SIGINT or SIGTERM (stage: the Stage cut), over any other."""
         with self._lock:
-            if stage:
-                where = " during " + stage.what
-            elif self.code is not None:
-                where = " while waiting to retry (%s)" % self.reason
-            else:
-                where = ""
+            where = (" during " + stage.what if stage else "" if self.code is None
+                     else " while waiting to retry (%s)" % self.reason)
             self.code, self.stage = 128 + signum, stage and stage.name
             self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
             self.wake.set()
@@ -1542,9 +1538,8 @@ def forked(run, child, ends_at, what):
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        raise Fail(EX_UNAVAILABLE, "%s probe died (%s)" % (what, "signal %d" % -status
-                                                         if status and status < 0
-                                                         else "exit %s" % status))
+        raise Fail(EX_UNAVAILABLE, "%s probe died (%s)" % (
+            what, "signal %d" % -status if status and status < 0 else "exit %s" % status))
     return doc
 
 
@@ -1579,24 +1574,17 @@ def probe_nvml(run, ends_at):
 
 
 def nvml_structs(c):
-    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t as ctypes (c) classes."""
-    class Memory(c.Structure):
-        _fields_ = [("total", c.c_ulonglong), ("free", c.c_ulonglong),
-                    ("used", c.c_ulonglong)]
-
-    class MemoryV2(c.Structure):
-        _fields_ = [("version", c.c_uint), ("total", c.c_ulonglong),
-                    ("reserved", c.c_ulonglong), ("free", c.c_ulonglong),
-                    ("used", c.c_ulonglong)]
-
-    class Process(c.Structure):         # nvmlProcessInfo_v1_t
-        _fields_ = [("pid", c.c_uint), ("usedGpuMemory", c.c_ulonglong)]
-
-    class ProcessV2(c.Structure):       # nvmlProcessInfo_v2_t, for _v2 and _v3
-        _fields_ = Process._fields_ + [("gpuInstanceId", c.c_uint),
-                                       ("computeInstanceId", c.c_uint)]
-
-    return Memory, MemoryV2, Process, ProcessV2
+    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3) as ctypes classes."""
+    def struct(name, *fields):
+        return type(name, (c.Structure,), {"_fields_": list(fields)})
+    uint, ull = c.c_uint, c.c_ulonglong
+    process = (("pid", uint), ("usedGpuMemory", ull))
+    return (struct("Memory", ("total", ull), ("free", ull), ("used", ull)),
+            struct("MemoryV2", ("version", uint), ("total", ull), ("reserved", ull),
+                   ("free", ull), ("used", ull)),
+            struct("Process", *process),
+            struct("ProcessV2", *process + (("gpuInstanceId", uint),
+                                            ("computeInstanceId", uint))))
 
 
 #: Where NVML lives when dlopen's own search fails (never a CUDA toolkit
@@ -1866,11 +1854,8 @@ def parse_smi_csv(text):
 
 def figure(text):
     """A whole number nvidia-smi printed, or None ("[N/A]", or absurd)."""
-    try:
-        number = int(float(text)) if re.match(_NUMBER, text) else None
-    except OverflowError:
-        return None
-    return number if number is not None and number < 2 ** 53 else None
+    value = float(text) if re.match(_NUMBER, text) else None    # 400 digits: inf
+    return int(value) if value is not None and value < 2 ** 53 else None
 
 
 def parse_smi_apps(text):
@@ -2246,9 +2231,7 @@ def report(run):
     opts = run.opts
     facts = verdict_facts(run, (time.monotonic() - run.started) * 1000.0)
 
-    def hide(text):     # again on the whole output: nothing echoed gets out
-        return redact(text, server_text=False)
-
+    hide = lambda text: redact(text, server_text=False)  # the whole output, once more
     line = hide(" ".join("%s=%s" % (f[0], quote(f[-1]) if f[0] == "reason" else
                                     log_value(f[-1])) for f in facts if f[0]))
     problem = None
@@ -2270,7 +2253,7 @@ def report(run):
     elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
         emit("stderr", "%s: %s\n" % (PROG, line))
     elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
-                                or _isatty(sys.stderr)):
+                                or getattr(sys.stderr, "isatty", bool)()):
         emit("stderr", hide("%s: skip (%d%s): %s\n" % (
             PROG, run.code, ", " + run.stage if run.stage else "",
             sanitise(verdict_reason(run), REASON_MAX))))
@@ -2289,17 +2272,8 @@ def emit(name, text):
         setattr(sys, name, None)
 
 
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
 def verdict_reason(run):
-    if run.code == EX_OK and run.notes:
-        return "%s; %s" % (run.reason, "; ".join(run.notes))
-    return run.reason
+    return "; ".join([run.reason] + (run.notes if run.code == EX_OK else []))
 
 
 def verdict_facts(run, elapsed_ms):
