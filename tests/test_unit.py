@@ -301,6 +301,21 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual(judge([busy], min_free_mib=100)[1],
                          "GPU 1 (GPU-b): 10 MiB free, limit 100 (--min-free-mib)")
 
+    def test_nvml_health_judges_the_figures_without_a_library(self):
+        # (rows pending, rows failed, pages pending, uncorrected ECC); None: unsupported
+        self.assertIsNone(gp.nvml_health(None, None, None, None))
+        self.assertIsNone(gp.nvml_health(0, 0, 0, 0))
+        self.assertIn("row remapping failed", gp.nvml_health(1, 2, 1, 7))   # worst first
+        self.assertIn("row remapping pending", gp.nvml_health(3, 0, 1, 7))
+        self.assertIn("retired pages pending", gp.nvml_health(None, None, 1, 7))
+        self.assertEqual(gp.nvml_health(0, 0, 0, 7), "7 uncorrectable ECC errors since "
+                         "the driver loaded: the GPU needs a reset")
+        # a GPU with a health problem is unfit whatever its figures, and not busy but broken
+        sick = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
+        sick["health"] = gp.nvml_health(0, 0, 1, 0)
+        self.assertEqual(gp.judge_gpus([sick], self.opts())[:2],
+                         (69, "GPU 0 (GPU-a): retired pages pending: the GPU needs a reset"))
+
 
 class SanitiseTest(unittest.TestCase):
     def test_control_characters_and_length(self):
