@@ -485,8 +485,6 @@ mount -t tmpfs -o mode=0755 tmpfs "$c"
 mkdir "$c/upper" "$c/work" "$c/root"
 mount -t overlay overlay -o "lowerdir=/,upperdir=$c/upper,workdir=$c/work" "$c/root"
 r=$c/root
-mount --rbind "$repo" "$r$repo"
-mount -o remount,bind,ro "$r$repo"
 mount -t proc -o nosuid,nodev,noexec proc "$r/proc"
 for p in sys sysrq-trigger; do
     [ -e "$r/proc/$p" ] || continue
@@ -510,6 +508,9 @@ ln -s /proc/self/fd/1 "$r/dev/stdout"
 ln -s /proc/self/fd/2 "$r/dev/stderr"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$r/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$r/tmp"
+mkdir -p "$r$repo"          # last: a checkout in /tmp or /run stays visible
+mount --rbind "$repo" "$r$repo"
+mount -o remount,bind,ro "$r$repo"
 mkdir -p "$r/etc/systemd/system"
 cp "$work/$unit" "$r/etc/systemd/system/$unit"
 : > "$r/.gpfl-container"

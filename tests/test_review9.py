@@ -88,7 +88,7 @@ class LockTest(TrustCase):
         self.addCleanup(holder.kill)
         said = holder.stdout.readline().decode().strip()
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
-        self.assertEqual((said, res.code), ("refused", 0), res)
+        self.assertEqual((said, res.code), ("refused", 0), (res, self.sink.messages(wait=0.5)))
 
 
 class DotDotTest(TrustCase):
