@@ -1855,7 +1855,7 @@ def parse_smi_csv(text):
 def figure(text):
     """A whole number nvidia-smi printed, or None ("[N/A]", or absurd)."""
     value = float(text) if re.match(_NUMBER, text) else None    # 400 digits: inf
-    return int(value) if value is not None and value < 2 ** 53 else None
+    return int(value) if value is not None and -float("inf") < value < 2 ** 53 else None
 
 
 def parse_smi_apps(text):

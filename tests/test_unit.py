@@ -301,6 +301,13 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual(judge([busy], min_free_mib=100)[1],
                          "GPU 1 (GPU-b): 10 MiB free, limit 100 (--min-free-mib)")
 
+    def test_figure_is_a_whole_number_or_none_never_an_error(self):
+        for text, want in (("143771", 143771), ("97.6", 97), ("-3.7", -3), ("[N/A]", None),
+                           ("[Not Supported]", None), ("", None), ("1e5", None),
+                           ("9" * 16, None), ("9" * 400, None), ("-" + "9" * 400, None),
+                           ("-" + "1" * 20, -11111111111111110656)):
+            self.assertEqual(gp.figure(text), want, text[:30])
+
     def test_nvml_health_judges_the_figures_without_a_library(self):
         # (rows pending, rows failed, pages pending, uncorrected ECC); None: unsupported
         self.assertIsNone(gp.nvml_health(None, None, None, None))
