@@ -101,6 +101,15 @@ class ThreadingServer(socketserver.ThreadingMixIn, HTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
 
+    def server_activate(self):       # poll() may say "readable" for a connection that is
+        HTTPServer.server_activate(self)     # gone by accept(): never block the loop on it
+        self.socket.setblocking(False)
+
+    def get_request(self):           # (BlockingIOError: skipped by _handle_request_noblock)
+        conn, addr = self.socket.accept()
+        conn.setblocking(True)
+        return conn, addr
+
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], OSError):
             HTTPServer.handle_error(self, request, client_address)

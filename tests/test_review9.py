@@ -77,13 +77,15 @@ class LockTest(TrustCase):
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
         self.assertEqual(res.code, 0, res)
         self.sink.messages(wait=0.01)
-        holder = subprocess.Popen(
-            ["/usr/bin/python3", "-c", "import fcntl, os, sys, time\n"
+        setpriv = support.require_tool(self, "setpriv")     # exec, not a fork of this
+        holder = subprocess.Popen(                         # threaded process (preexec_fn)
+            [setpriv, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+             "/usr/bin/python3", "-c", "import fcntl, os, sys, time\n"
              "try:\n    fd = os.open(sys.argv[1], os.O_RDONLY)\n"
              "except OSError:\n    print('refused'); sys.exit(0)\n"
              "fcntl.flock(fd, fcntl.LOCK_EX); print('held'); sys.stdout.flush()\n"
              "time.sleep(30)", lock],
-            stdout=subprocess.PIPE, preexec_fn=as_nobody)
+            stdout=subprocess.PIPE)
         self.addCleanup(holder.wait)
         self.addCleanup(holder.kill)
         said = holder.stdout.readline().decode().strip()
