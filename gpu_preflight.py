@@ -2288,8 +2288,8 @@ def verdict_facts(run, elapsed_ms):
         ("model", "model", run.model),
         ("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
         ("models" if len(models) > 1 else None, "models",
-         [dict((k, v) for k, v in m.items() if k not in ("size", "unreadable", "entry"))
-          for m in models],
+         [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms", "resident",
+                                   "size_vram", "was_loaded", "reason")) for m in models],
          ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
                                  else "%dms" % m["warmup_ms"]) for m in models)),
     ] + [("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [

@@ -101,13 +101,16 @@ class ThreadingServer(socketserver.ThreadingMixIn, HTTPServer):
         socketserver.TCPServer.server_bind(self)
         self.server_name, self.server_port = self.server_address[:2]
 
-    def server_activate(self):       # poll() may say "readable" for a connection that is
-        HTTPServer.server_activate(self)     # gone by accept(): never block the loop on it
+    def server_activate(self):
+        # poll() may call the listener readable for a connection that is gone by
+        # accept(): a blocking accept() would then hang the loop and stop() for ever
+        # (non-blocking, it raises BlockingIOError, which the loop skips)
+        HTTPServer.server_activate(self)
         self.socket.setblocking(False)
 
-    def get_request(self):           # (BlockingIOError: skipped by _handle_request_noblock)
+    def get_request(self):
         conn, addr = self.socket.accept()
-        conn.setblocking(True)
+        conn.setblocking(True)       # the connections themselves block, as before
         return conn, addr
 
     def handle_error(self, request, client_address):

@@ -90,7 +90,9 @@ class LockTest(TrustCase):
         self.addCleanup(holder.kill)
         said = holder.stdout.readline().decode().strip()
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
-        self.assertEqual((said, res.code), ("refused", 0), (res, self.sink.messages(wait=0.5)))
+        self.assertEqual(said, "refused")
+        if res.code != 0:       # what the run logged says why (69 seen, rarely, in CI)
+            self.fail("%r, logged: %r" % (res, self.sink.messages(wait=0.5)))
 
 
 class DotDotTest(TrustCase):
