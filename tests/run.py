@@ -23,18 +23,27 @@ oldest (3.6) or the newest (3.13) supported version is missing, and any
 skipped test counts as a failure: a tool a test needs must be installed
 there, not skipped. A run without -k that runs no test fails.
 
+Sealed: run as root where unshare works (always under CI), the whole run
+happens in a private mount namespace where /etc/gpu_preflight.conf is a
+planted config that no test may read (it has an unknown key: a run that reads
+it fails) and /dev/log is a socket this runner watches: a line that arrives
+there is a failure (each test must log to its own socket). /etc and /dev are
+overlays there, so nothing a test writes below them reaches the machine.
+
 The last line is "total: N passed, N failed, N skipped" (tests, a test with
 a failing subtest counted once); the exit status is 0 only when nothing
 failed and something passed.
 """
 
 import argparse
+import contextlib
 import fnmatch
 import glob
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +57,28 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 SUPPORTED = ["3.%d" % minor for minor in range(6, 14)]
 EACH, ONCE = "test*.py", "once_*.py"      # per interpreter; once per run
 ONCE_PYTHON = "/usr/bin/python3"
+SEALED = "GPU_PREFLIGHT_TESTS_SEALED"        # set inside the sealed namespace
+
+#: Inside a private mount namespace, before the run: /etc and /dev become
+#: overlays over the machine's own, with a planted config in /etc and /dev's
+#: own mounts (pts, shm, mqueue, hugepages) bound back in.
+SEAL = r"""set -e
+top=$1; shift
+mount -t tmpfs -o mode=700 gpfl-sealed "$top"
+mkdir "$top/etc" "$top/etc.work" "$top/dev" "$top/dev.work" "$top/host-dev"
+printf '%s\n' '# planted by tests/run.py: a test read the host config' \
+    '[gpu_preflight]' 'planted-by-the-test-runner = no test may read this file' \
+    > "$top/etc/gpu_preflight.conf"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$top/etc,workdir=$top/etc.work" /etc
+mount --rbind /dev "$top/host-dev"
+mount -t overlay overlay -o "lowerdir=/dev,upperdir=$top/dev,workdir=$top/dev.work" /dev
+for sub in pts shm mqueue hugepages; do
+    if mountpoint -q "$top/host-dev/$sub"; then
+        mount --rbind "$top/host-dev/$sub" "/dev/$sub"
+    fi
+done
+exec "$@"
+"""
 
 
 # --- the child: one interpreter running one discovery, reporting events -----
@@ -378,7 +409,60 @@ def report(runs):
             print("  %s  (%s)" % (test, where(failed[test], runs)))
 
 
+def seal(argv):
+    """Run this runner again inside the sealed namespace; its exit status,
+    or None when it cannot be sealed here (not root, no unshare)."""
+    unshare = shutil.which("unshare") or "/usr/bin/unshare"
+    if os.geteuid() != 0 or not os.access(unshare, os.X_OK):
+        return None
+    top = tempfile.mkdtemp(prefix="gpfl-sealed-")
+    try:
+        return subprocess.call(
+            [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", SEAL,
+             "seal", top, sys.executable, os.path.abspath(__file__)] + argv,
+            env=dict(os.environ, **{SEALED: top}))
+    finally:
+        os.rmdir(top)
+
+
+class LogWatch(threading.Thread):
+    """The sealed namespace's /dev/log: every line a test sent there."""
+
+    def __init__(self):
+        threading.Thread.__init__(self, daemon=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink("/dev/log")       # the overlay's: the machine's stays
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind("/dev/log")
+        self.lines = []
+        self.start()
+
+    def run(self):
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                return
+            self.lines.append(data.decode("ascii", "replace"))
+
+    def check(self):
+        """A failure line per line that arrived (after a moment for stragglers)."""
+        time.sleep(0.2)
+        return ["a test wrote to the host's /dev/log: %r" % line[:300]
+                for line in self.lines]
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if "--child" not in argv and SEALED not in os.environ:
+        code = seal(argv)
+        if code is not None:
+            return code
+        print("not sealed (needs root and unshare): the host's /etc/gpu_preflight.conf "
+              "and /dev/log are not guarded in this run")
+        if IN_CI:
+            print("CI: the suite must run sealed")
+            return 1
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", help="interpreter to use")
     parser.add_argument("--jobs", type=int, default=2,
@@ -406,6 +490,7 @@ def main(argv=None):
             runs.append(run)
             continue
         runs.append(Run(versions[python], python, versions[python], EACH))
+    watch = LogWatch() if SEALED in os.environ else None
     good = [p for p in pythons if versions[p]]
     once_modules = sorted(os.path.basename(p)[:-3]
                           for p in glob.glob(os.path.join(TESTS, ONCE)))
@@ -421,6 +506,8 @@ def main(argv=None):
         missing = [v for v in (SUPPORTED[0], SUPPORTED[-1]) if v not in have]
 
     print("interpreters: %s" % ", ".join(versions[p] or p for p in pythons))
+    if watch:
+        print("sealed: /etc/gpu_preflight.conf planted, /dev/log watched")
     if once:
         print("once per run, under %s (%s): %s"
               % (once.python, once.version, ", ".join(once_modules)))
@@ -460,6 +547,10 @@ def main(argv=None):
                  else run.label, run.passed, run.failed, run.skipped, run.seconds))
         passed, failed, skipped = (passed + run.passed, failed + run.failed,
                                    skipped + run.skipped)
+    leaks = watch.check() if watch else []
+    for leak in leaks:
+        print(leak)
+    failed += len(leaks)
     for version in missing:
         print("CI: no Python %s interpreter found; the suite must run on it" % version)
     if IN_CI and skipped:

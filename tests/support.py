@@ -4,8 +4,17 @@ run_script() runs the real script as a subprocess the way cron does: an
 environment of only PATH=/usr/bin:/bin (no LANG, so the C locale), no TTY on
 any stream, and a session of its own. SyslogSink is a real UNIX datagram
 socket that receives what the script logs.
+
+Hermetic: no run reads the host's /etc/gpu_preflight.conf or writes to the
+host's /dev/log. cron_env() names a config file of comments only and a log
+socket nobody listens on (as on a host with no syslog daemon), both in a
+directory of this test process's; a test that wants a log passes its own
+--syslog-address, one that wants a config names its own. tests/run.py proves
+it: the suite runs where /etc/gpu_preflight.conf is planted and /dev/log is
+watched.
 """
 
+import atexit
 import importlib.util
 import os
 import shutil
@@ -34,11 +43,33 @@ def load_script():
     return module
 
 
+_hermetic = []
+
+
+def hermetic_dir():
+    """This test process's stand-ins for the host's config file and log
+    socket: (directory, config of comments only, a log path with no listener)."""
+    if not _hermetic:
+        directory = tempfile.mkdtemp(prefix="gpfl-hermetic-")
+        os.chmod(directory, 0o755)          # runs as nobody read the config too
+        atexit.register(shutil.rmtree, directory, True)
+        config = os.path.join(directory, "gpu_preflight.conf")
+        with open(config, "w") as handle:
+            handle.write("# the tests' own: the host's config is never read\n"
+                         "[gpu_preflight]\n")
+        os.chmod(config, 0o644)
+        _hermetic.extend([directory, config, os.path.join(directory, "no-daemon.sock")])
+    return tuple(_hermetic)
+
+
 def cron_env(**extra):
-    """The environment cron gives a job, plus what a test adds."""
-    env = {"PATH": "/usr/bin:/bin"}
+    """The environment cron gives a job, plus what a test adds; kept off the
+    host's config file and log socket (a value of None drops a variable)."""
+    _, config, log = hermetic_dir()
+    env = {"PATH": "/usr/bin:/bin", "GPU_PREFLIGHT_CONFIG": config,
+           "GPU_PREFLIGHT_SYSLOG_ADDRESS": log}
     env.update(extra)
-    return env
+    return dict((name, value) for name, value in env.items() if value is not None)
 
 
 class Result(object):

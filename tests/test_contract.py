@@ -709,9 +709,9 @@ class TerminalTest(ContractCase):
         self.assertEqual(res.code, 0)
         self.assertEqual(res.stdout, "")
         self.assertRegex(res.stderr, r"^gpu_preflight: result=ready code=0 ")
-        # then which config file was read (issue 13.3)
+        # then which config file was read (the default's wording: test_unit)
         self.assertEqual(res.stderr.splitlines()[1:], [
-            "gpu_preflight: no config file (/etc/gpu_preflight.conf does not exist)"])
+            "gpu_preflight: config file %s" % support.hermetic_dir()[1]])
 
 
 class InternalErrorTest(unittest.TestCase):
@@ -728,7 +728,8 @@ class InternalErrorTest(unittest.TestCase):
             err = io.StringIO()
             saved, sys.stderr = sys.stderr, err
             try:
-                code = gp.main(["--no-syslog", "--host", "127.0.0.1:9"] + args)
+                code = gp.main(["--no-syslog", "--config", support.hermetic_dir()[1],
+                                "--host", "127.0.0.1:9"] + args)
             finally:
                 sys.stderr = saved
             self.assertEqual(code, 70)

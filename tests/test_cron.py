@@ -11,6 +11,8 @@ is mailed), and the script's one syslog line reaches /dev/log.
     back, a private /dev/shm, and the test's datagram socket bound onto /dev/log,
     so cron's own log lines and the script's default syslog address both reach
     the test, and the real /dev is never touched;
+  - /etc/gpu_preflight.conf, where the machine has one, is covered by an empty
+    one (a test never reads the machine's config);
   - /etc/cron.d is a private directory holding only this test's file (so the
     machine's other cron jobs never run here, and nothing is left in the real
     /etc/cron.d), /etc/crontab an empty file, /var/spool/cron/crontabs an empty
@@ -71,6 +73,10 @@ ln -s /proc/self/fd/2 /dev/stderr
 : > /dev/log
 mount --bind "$sock" /dev/log
 mount --bind "$work/cron.d" /etc/cron.d
+if [ -e /etc/gpu_preflight.conf ]; then    # the machine's: a test never reads it
+    printf '[gpu_preflight]\n' > "$work/gpu_preflight.conf"
+    mount --bind "$work/gpu_preflight.conf" /etc/gpu_preflight.conf
+fi
 if [ -e /etc/crontab ]; then mount --bind "$work/crontab" /etc/crontab; fi
 if [ -d /var/spool/cron/crontabs ]; then
     mount --bind "$work/spool" /var/spool/cron/crontabs

@@ -543,7 +543,8 @@ class TestInstalledCommand(InstallTestCase):
             for args in (["--version"], ["--host", emu.url, "--json",
                                          "--syslog-address", sink.path]):
                 proc = subprocess.run(
-                    ["env", "-i", "PATH=/usr/bin:/bin", self.target] + args,
+                    ["env", "-i", "PATH=/usr/bin:/bin", "GPU_PREFLIGHT_CONFIG="
+                     + support.hermetic_dir()[1], self.target] + args,
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, universal_newlines=True, cwd="/",
                     timeout=60)

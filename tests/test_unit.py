@@ -2,8 +2,10 @@
 
 import os
 import re
+import shutil
 import tempfile
 import unittest
+from unittest import mock
 
 import support
 
@@ -458,6 +460,23 @@ class ConfigPrecedenceTest(unittest.TestCase):
             gp.read_config_file(big, True)
         with self.assertRaisesRegex(gp.ConfigError, "not a regular file"):
             gp.read_config_file(tmp, True)
+
+    def test_without_a_config_named_the_default_is_read_when_it_exists(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp, True)
+        default = os.path.join(tmp, "gpu_preflight.conf")
+        ns = gp.build_parser().parse_args([])
+        with mock.patch.object(gp, "DEFAULT_CONFIG", default), \
+                mock.patch.object(gp.os, "geteuid", return_value=65534):
+            self.assertEqual(gp.config_path(ns, {"HOME": tmp}), (default, False))
+            opts, problem = gp.configure(ns, {"HOME": tmp})
+            self.assertEqual((problem, opts.said[0]), (
+                None, "no config file (%s does not exist)" % default))
+            with open(default, "w") as handle:
+                handle.write("[gpu_preflight]\nmodel = m1\n")
+            opts, problem = gp.configure(ns, {"HOME": tmp})
+        self.assertEqual((problem, opts.model, opts.said[0]),
+                         (None, ["m1"], "config file %s" % default))
 
     def test_configure_keeps_flag_syslog_settings_on_config_error(self):
         ns = gp.build_parser().parse_args(
