@@ -600,21 +600,15 @@ class SystemdContainer(object):
         with open(os.path.join(work, unit_name), "w") as handle:
             handle.write(CONTAINER_TARGET)
         procs = os.path.join(self.cgroup, "cgroup.procs")
-        dispositions = support.dispositions()
-
-        def enter_cgroup():             # before unshare: it roots the cgroup ns here
-            dispositions()
-            with open(procs, "w") as handle:
-                handle.write(str(os.getpid()))
-
         self.log_path = os.path.join(work, "container.out")
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--pid", "--net", "--uts", "--ipc", "--cgroup",
-                 "--fork", "--propagation", "private", "/bin/sh", "-c", SYSTEMD_SETUP,
-                 "sh", work, support.REPO, unit_name],
+            self.proc = subprocess.Popen(support.prepared(     # the cgroup before
+                ["/bin/sh", "-c", 'echo "$$" > "$0" && exec "$@"', procs,  # unshare:
+                 "unshare", "--mount", "--pid", "--net", "--uts", "--ipc",  # its root
+                 "--cgroup", "--fork", "--propagation", "private", "/bin/sh", "-c",
+                 SYSTEMD_SETUP, "sh", work, support.REPO, unit_name]),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd="/", start_new_session=True, preexec_fn=enter_cgroup)
+                cwd="/", start_new_session=True)
 
     def start(self, timeout=60):
         """Wait until systemd has booted the container's target; self."""

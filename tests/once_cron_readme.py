@@ -354,14 +354,13 @@ class ReadmeCronTest(unittest.TestCase):
         cron_log = open(os.path.join(work, "cron.out"), "wb")
         self.addCleanup(cron_log.close)
         started = time.monotonic()
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(support.prepared(
             [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c",
              MOUNTS_BEFORE + NAMESPACE_MOUNTS + MOUNTS_AFTER + CRON_EXEC, "sh",
              work, sink.path, cron, lib or "", str(offset), support.REPO,
-             "mta" if mta else ""],
+             "mta" if mta else ""]),
             stdin=subprocess.DEVNULL, stdout=cron_log, stderr=subprocess.STDOUT,
-            cwd="/", start_new_session=True,
-            preexec_fn=support.dispositions())
+            cwd="/", start_new_session=True)
         namespace = [None]
 
         def stop():

@@ -18,7 +18,6 @@ import atexit
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -82,23 +81,43 @@ class Result(object):
             self.code, self.elapsed, self.stdout[:500], self.stderr[:500])
 
 
-def dispositions(ignored=(), umask=None):
-    """A preexec_fn for Popen: every signal at its default action and none
-    blocked, then `ignored` ignored (and the umask set), whatever the test
-    process inherited (a suite started from a background job `( ... & )`
-    has SIGINT and SIGQUIT ignored, a nohup one SIGHUP)."""
-    def preexec():
-        for signum in range(1, signal.NSIG):
-            try:
-                signal.signal(signum, signal.SIG_DFL)
-            except (OSError, ValueError, RuntimeError):
-                pass                    # SIGKILL, SIGSTOP, libc's own
-        for signum in ignored:
-            signal.signal(signum, signal.SIG_IGN)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        if umask is not None:
-            os.umask(umask)
-    return preexec
+#: Run by a fresh interpreter in front of a command: every signal at its
+#: default action and none blocked, then argv[1]'s (comma-separated numbers)
+#: ignored, the umask argv[2] (octal), the descriptors argv[3] closed, the
+#: user argv[4] (its own group, no others); then exec argv[5:]. An exec where
+#: Popen's preexec_fn would run Python in a fork of the threaded test process,
+#: which may deadlock on a lock another thread held at the fork.
+_PREPARE = r"""
+import os, signal, sys, warnings  # os.execvp imports warnings: not as the user
+ignored, umask, closed, uid = sys.argv[1:5]
+for signum in range(1, signal.NSIG):
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError, RuntimeError):
+        pass                            # SIGKILL, SIGSTOP, libc's own
+for signum in ignored.split(",") if ignored else ():
+    signal.signal(int(signum), signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
+if umask:
+    os.umask(int(umask, 8))
+for fd in closed.split(",") if closed else ():
+    os.close(int(fd))
+if uid:
+    os.setgroups([])
+    os.setgid(int(uid))
+    os.setuid(int(uid))
+os.execvp(sys.argv[5], sys.argv[5:])
+"""
+
+
+def prepared(argv, ignored=(), umask=None, closed=(), uid=None):
+    """argv run with every signal at its default action and none blocked
+    (whatever the test process inherited: a suite started from a background
+    job `( ... & )` has SIGINT and SIGQUIT ignored, a nohup one SIGHUP), then
+    `ignored` ignored, the umask set, `closed` descriptors closed, as uid."""
+    return [sys.executable, "-c", _PREPARE, ",".join(str(int(s)) for s in ignored),
+            "" if umask is None else "%o" % umask, ",".join(str(fd) for fd in closed),
+            "" if uid is None else str(uid)] + list(argv)
 
 
 def sig_mask(signums):

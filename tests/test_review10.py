@@ -44,15 +44,16 @@ def ready_answer(method, path, calls):
             "/api/generate": (200, READY_GEN)}.get(path, (404, b"404 page not found"))
 
 
-def run_odd(args, env=None, preexec=None, close_fds=True, wrapper=(), timeout=60):
-    """run_script() with a preexec_fn (for closed descriptors, ignored
-    signals) or a wrapper command before the interpreter."""
+def run_odd(args, env=None, ignored=(), close_fds=True, wrapper=(), timeout=60):
+    """run_script() with signals ignored or a wrapper command before the
+    interpreter."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        list(wrapper) + [sys.executable, support.SCRIPT] + list(args),
+        support.prepared(list(wrapper) + [sys.executable, support.SCRIPT] + list(args),
+                         ignored),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=support.cron_env() if env is None else env, cwd="/",
-        start_new_session=True, preexec_fn=preexec, close_fds=close_fds)
+        start_new_session=True, close_fds=close_fds)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -254,15 +255,11 @@ class OddHostTest(Review10Case):
         for closed in ((0, 1), (1, 2), (0, 2)):
             with self.subTest(closed=closed):
                 self.sink.messages(wait=0.01)
-
-                def close(fds=closed):
-                    for fd in fds:
-                        os.close(fd)
                 started = time.monotonic()
-                proc = subprocess.Popen(
+                proc = subprocess.Popen(support.prepared(
                     [sys.executable, support.SCRIPT, "--host", url, "--deadline", "3",
                      "--gpu-backend", "amd-sysfs", "--syslog-address", self.sink.path],
-                    env=env, cwd="/", preexec_fn=close, start_new_session=True)
+                    closed=closed), env=env, cwd="/", start_new_session=True)
                 self.assertEqual(proc.wait(30), 0)
                 self.assertLess(time.monotonic() - started, 3 + SLACK)
                 self.assertEqual(self.log()[1]["result"], "ready")
@@ -300,7 +297,7 @@ class OddHostTest(Review10Case):
         res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "nvidia-smi",
                        "--syslog-address", self.sink.path],
                       env=support.cron_env(PATH=smi_dir + ":/usr/bin:/bin"),
-                      preexec=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+                      ignored=(signal.SIGCHLD,))
         self.assertReady(res)
 
     def test_an_nvidia_smi_figure_too_large_for_a_float_is_not_70(self):

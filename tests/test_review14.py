@@ -133,11 +133,10 @@ class TestInstallReview14(InstallTestCase):
                                         destdir=stage))
         os.rename(stage + final, final)
         self.set_prefix("", final)
-        first_run_as_root = support.dispositions(umask=0o000)
-        proc = subprocess.run(
-            [self.target, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=support.cron_env(), cwd="/", timeout=60,
-            preexec_fn=first_run_as_root)
+        proc = subprocess.run(       # the first run, as root, under umask 000
+            support.prepared([self.target, "--version"], umask=0o000),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=support.cron_env(), cwd="/", timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         for path in (self.lib, self.cachedir):
             if os.path.isdir(path):

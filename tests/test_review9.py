@@ -27,12 +27,6 @@ import support
 from test_trust import NOBODY, TrustCase
 
 
-def as_nobody():
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
-
-
 def pieces(token, size=8):
     return set(token[i:i + size] for i in range(len(token) - size + 1))
 
@@ -78,7 +72,7 @@ class LockTest(TrustCase):
         self.assertEqual(res.code, 0, res)
         self.sink.messages(wait=0.01)
         setpriv = support.require_tool(self, "setpriv")     # exec, not a fork of this
-        holder = subprocess.Popen(                         # threaded process (preexec_fn)
+        holder = subprocess.Popen(
             [setpriv, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
              "/usr/bin/python3", "-c", "import fcntl, os, sys, time\n"
              "try:\n    fd = os.open(sys.argv[1], os.O_RDONLY)\n"
@@ -141,9 +135,9 @@ class MetricsFileTest(TrustCase):
         prom = self.mkdir(self.path("prometheus"), uid=NOBODY)
         self.mkdir(os.path.join(prom, "node-exporter"))
         victim = self.mkdir(self.path("victim"))
-        subprocess.check_call(["sh", "-c", 'mv "$0/node-exporter" "$0/old" && '
-                               'ln -s "$1" "$0/node-exporter"', prom, victim],
-                              preexec_fn=as_nobody)
+        subprocess.check_call(support.prepared(
+            ["sh", "-c", 'mv "$0/node-exporter" "$0/old" && ln -s "$1" "$0/node-exporter"',
+             prom, victim], uid=NOBODY))
         metrics = os.path.join(prom, "node-exporter", "gpu_preflight.prom")
         res = self.run_gp(["--host", self.emu.url, "--metrics-file", metrics])
         self.assertEqual(res.code, 0, res)

@@ -280,10 +280,10 @@ class NewcomerTest(ContractCase):
         shutil.copy(support.SCRIPT, script)
 
         def run(env):
-            proc = subprocess.Popen(["/usr/bin/python3", script, "-v", "--no-syslog"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    env=env, cwd="/", preexec_fn=lambda: (
-                                        os.setgid(65534), os.setuid(65534)))
+            proc = subprocess.Popen(
+                support.prepared(["/usr/bin/python3", script, "-v", "--no-syslog"],
+                                 uid=65534),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/")
             out, err = proc.communicate(timeout=30)
             return proc.returncode, err.decode()
         code, err = run(support.cron_env(HOME=home, GPU_PREFLIGHT_CONFIG=None))

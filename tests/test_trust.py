@@ -208,10 +208,10 @@ class NotRootTest(TrustCase):
         script = self.path("gpu_preflight.py")
         shutil.copy(support.SCRIPT, script)
         proc = subprocess.Popen(
-            ["/usr/bin/python3", script, "--no-syslog", "--json"] + args,
+            support.prepared(["/usr/bin/python3", script, "--no-syslog", "--json"] + args,
+                             uid=uid),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            env=support.cron_env(), cwd="/", preexec_fn=lambda: (os.setgid(uid),
-                                                                 os.setuid(uid)))
+            env=support.cron_env(), cwd="/")
         out, err = proc.communicate(timeout=30)
         return proc.returncode, out.decode(), err.decode()
 
