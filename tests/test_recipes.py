@@ -206,6 +206,21 @@ class RecipeTest(unittest.TestCase):
                                          "%s not taken as given" % word)
                     self.assertIsNotNone(getattr(opts, name.replace("-", "_"), None), word)
 
+    def test_the_unittest_lines_of_running_the_tests_run_from_the_repository_root(self):
+        """`python3 -m unittest tests.MODULE` as "Running the tests" shows it:
+        the test modules import their helpers (`import support`) by name."""
+        section = re.search(r"(?ms)^## Running the tests\n(.*?)(?=^## )", readme_text())
+        lines = re.findall(r"^python3 -m unittest ([\w.]+)", section.group(1), re.M)
+        self.assertGreaterEqual(len(lines), 2, "the section lost its unittest lines")
+        for name in lines:
+            with self.subTest(name=name):
+                proc = subprocess.run([sys.executable, "-m", "unittest", name],
+                                      cwd=support.REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=support.cron_env())
+                said = proc.stdout.decode("ascii", "replace")
+                self.assertEqual(proc.returncode, 0, said)
+                self.assertRegex(said, r"\nRan [1-9]\d* tests? in ", said)
+
     def test_systemd_units_verify(self):
         tool = support.require_tool(self, "systemd-analyze")
         units = [(body.split("\n", 1)[0][len("# /etc/systemd/system/"):], body)
