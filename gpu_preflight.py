@@ -178,7 +178,7 @@ def parse_command_line(args):
             raise UsageError("there is no --token: a token on the command line is "
                              "shown to every user by ps; use --token-file or "
                              "GPU_PREFLIGHT_TOKEN")
-        ns = build_parser().parse_args(args)
+        ns = build_parser(invoked_as(sys.argv[0] if sys.argv else "")).parse_args(args)
         if ns.verbose and ns.quiet:
             raise UsageError("-v/--verbose and -q/--quiet exclude each other")
         if command == []:
@@ -2859,10 +2859,11 @@ OPTIONS = (
 
 EPILOG = """\
 examples:
-  gpu_preflight --model llama3.2 --timeout 5 --deadline 15 && job
-  gpu_preflight --gpu --max-util 30 --min-free-mib 20000 -- /opt/jobs/batch.sh
-  gpu_preflight --api openai --host https://llm.example.org --token-file /etc/t
-  */10 * * * * /usr/local/bin/gpu_preflight --lock /run/gpu0.lock -- /opt/jobs/batch.sh
+  %(run)s --model llama3.2 --timeout 5 --deadline 15 && job
+  %(run)s --gpu --max-util 30 --min-free-mib 20000 -- /opt/jobs/batch.sh
+  %(run)s --api openai --host https://llm.example.org --token-file /etc/t
+in /etc/cron.d/gpu-batch (in `crontab -e`, leave out the user field root):
+  */10 * * * *  root  /usr/local/bin/gpu_preflight --lock /run/gpu0.lock -- /opt/jobs/batch.sh
 
 A cold model (not loaded when the run starts) needs longer than the default
 3 s to load, and Ollama aborts a load when the client gives up: give the
@@ -2916,11 +2917,14 @@ def each_option():
     return [option for _, options in OPTIONS for option in options]
 
 
-def build_parser():
-    """The command line: every option defaults to None (= not given)."""
+def build_parser(run="python3 gpu_preflight.py"):
+    """The command line: every option defaults to None (= not given). run: how
+    the examples of --help call the script (invoked_as())."""
+    description = "\n\n".join(__doc__.split("\n\n")[:7])
     parser = _Parser(prog=PROG, usage="%(prog)s [OPTION ...] [-- COMMAND [ARG ...]]",
-                     description="\n\n".join(__doc__.split("\n\n")[:7]), epilog=EPILOG,
-                     allow_abbrev=False, formatter_class=_Formatter)
+                     description=description.replace("python3 gpu_preflight.py", run),
+                     epilog=EPILOG % {"run": run}, allow_abbrev=False,
+                     formatter_class=_Formatter)
     for title, options in OPTIONS:
         group = parser.add_argument_group(title)
         for name, short, _, kind, default, metavar, text in options:
@@ -2939,6 +2943,14 @@ def build_parser():
                         version="%s %s (Python %s)" % (
                             PROG, __version__, sys.version.split()[0]))
     return parser
+
+
+def invoked_as(argv0):
+    """The script as it was run: its name (gpu_preflight, installed), or
+    python3 NAME.py for a .py file; PROG for a name that is not plain ASCII."""
+    name = os.path.basename(argv0)
+    name = name if re.match(r"^[A-Za-z0-9_.+-]+$", name) else PROG
+    return "python3 " + name if name.endswith(".py") else name
 
 
 def configure(ns, environ):

@@ -9,11 +9,13 @@ stderr, the request the server saw, and the line on a real syslog socket.
 import json
 import os
 import pty
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -290,6 +292,33 @@ class ReadyTest(ContractCase):
                      "127  COMMAND not found", "placement", "GPU_PREFLIGHT_", "--keep-alive",
                      "cold model"):
             self.assertIn(text, res.stdout)
+
+    def test_help_examples_call_the_script_as_it_was_run(self):
+        """Installed (a name without .py) the examples say gpu_preflight, as a
+        .py file python3 gpu_preflight.py; the cron example is an /etc/cron.d
+        line, with its user field, and says so."""
+        work = tempfile.mkdtemp(prefix="gpfl-help-")
+        self.addCleanup(shutil.rmtree, work, True)
+        installed = os.path.join(work, "gpu_preflight")
+        shutil.copy(support.SCRIPT, installed)
+        proc = subprocess.run([sys.executable, installed, "--help"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=support.cron_env())
+        self.assertEqual((proc.returncode, proc.stderr), (0, b""))
+        text = proc.stdout.decode("ascii")
+        self.assertNotIn("python3 gpu_preflight.py", text)
+        self.assertIn("\n    gpu_preflight --lock /run/gpu0.lock -- ", text)
+        self.assertIn("\n  gpu_preflight --model llama3.2 ", text)
+        res = support.run_script(["--help"])
+        self.assertEqual((res.code, res.stderr), (0, ""))
+        self.assertIn("\n    python3 gpu_preflight.py --lock /run/gpu0.lock -- ", res.stdout)
+        self.assertIn("\n  python3 gpu_preflight.py --model llama3.2 ", res.stdout)
+        for said in (text, res.stdout):
+            cron = [line for line in said.splitlines() if line.startswith("  */")]
+            self.assertEqual(len(cron), 1, said)
+            self.assertRegex(cron[0], r"^  (\S+ ){4}\S+\s+root\s+/usr/local/bin/gpu_preflight ")
+            above = said.splitlines()[said.splitlines().index(cron[0]) - 1]
+            self.assertIn("/etc/cron.d", above)
+            self.assertIn("crontab -e", above)
 
     def test_partial_offload_is_ready_and_reported(self):
         emu = self.emulator(mode="partial")
