@@ -591,12 +591,24 @@ def choose_models(run, listed, wanted, where=None, listing=None):
         raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
             "s" if len(missing) > 1 else "", ", ".join(missing),
             "are not" if len(missing) > 1 else "is not", where,
-            " (ollama pull %s)" % " / ".join(missing) if run.api == "ollama" else "",
+            missing_hint(missing, names, run.api == "ollama"),
             listing, sanitise(", ".join(names[:10]) or "no models")))
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
                        resident=None, size_vram=None, size=None, was_loaded=None, reason="",
                        entry=listed[names.index(n)]) for n in found]
     run.model = found[0]
+
+
+def missing_hint(missing, names, pull):
+    """' (did you mean NAME?)' for the missing names close to a listed one (a
+    typo), and ' (ollama pull NAME)' for the others when pull."""
+    import difflib              # only here: a name is missing
+    short = [n[:-len(":latest")] if n.endswith(":latest") else n for n in names]
+    close = [(difflib.get_close_matches(name, short, 1) or [None])[0] for name in missing]
+    said = ["did you mean %s?" % " / ".join(c for c in close if c)] if any(close) else []
+    if pull and None in close:
+        said.append("ollama pull %s" % " / ".join(m for m, c in zip(missing, close) if not c))
+    return " (%s)" % sanitise("; ".join(said)) if said else ""
 
 
 def find_model(wanted, names):
