@@ -2999,6 +2999,11 @@ def config_path(ns, environ):
     return DEFAULT_CONFIG, False
 
 
+#: The keys whose values may be quoted: host (unquoted as Ollama does
+#: OLLAMA_HOST) and ollama-option (shell words).
+QUOTES_TAKEN = ("host", "ollama-option")
+
+
 def read_config_file(path, must_exist):
     """The [gpu_preflight] keys of an INI file; None when there is none, as allowed."""
     if not must_exist and not os.path.lexists(path):   # a dangling link is an error
@@ -3030,6 +3035,10 @@ def read_config_file(path, must_exist):
         name = key.replace("_", "-")
         if name not in known:
             raise ConfigError("config file %s: unknown key %r" % (path, key))
+        if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'" and \
+                name not in QUOTES_TAKEN:
+            raise ConfigError("config file %s: %s = %s: INI values take no quotes: "
+                              "write %s = %s" % (path, key, text, key, text[1:-1]))
         values[name] = text
     return values
 

@@ -514,6 +514,27 @@ class ConfigurationTest(ContractCase):
         res = self.run_gp(["--config", conf])
         self.assertSkip(res, 78, "config", "timeout")
 
+    def test_a_quoted_config_value_is_refused_with_the_unquoted_form(self):
+        """INI values take no quotes: `model = "llama3.2"` would look for a model
+        named with its quotes; a quoted value is refused at once, as a config
+        error, but where its parser takes quotes (host, ollama-option)."""
+        emu = self.emulator()
+        conf = os.path.join(self.sink.dir, "quoted.conf")
+        for line, fix in (('model = "llama3.2"', "write model = llama3.2"),
+                          ("timeout = '5'", "write timeout = 5"),
+                          ('require = "tools"', "write require = tools")):
+            with self.subTest(line=line):
+                with open(conf, "w") as handle:
+                    handle.write("[gpu_preflight]\n%s\n" % line)
+                res = self.run_gp(["--host", emu.url, "--config", conf])
+                fields = self.assertSkip(res, 78, "config", "INI values take no quotes")
+                self.assertIn(fix, fields["reason"])
+        self.assertEqual(emu.requests, [])
+        with open(conf, "w") as handle:     # unquoted as OLLAMA_HOST; shell words
+            handle.write("[gpu_preflight]\nhost = '%s'\nollama-option = 'num_ctx=2048'\n"
+                         % emu.url)
+        self.assertEqual(self.run_gp(["--config", conf]).code, 0)
+
     def test_bad_environment_value(self):
         res = self.run_gp([], env=support.cron_env(GPU_PREFLIGHT_WARMUP="full"))
         self.assertSkip(res, 78, "config", "GPU_PREFLIGHT_WARMUP")
