@@ -1989,6 +1989,9 @@ def take_lock(path):
         fd = open_no_follow(path, 0o600)    # flock needs only a read: others
     except OSError as exc:                  # must not open it at all
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
+        if exc.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
+            why += (": as a non-root user put the lock in $XDG_RUNTIME_DIR or a "
+                    "directory of your own")
         raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
     info = os.fstat(fd)
     if info.st_uid not in (0, os.geteuid()):    # its owner could hold it forever
