@@ -2267,11 +2267,15 @@ def report(run):
             emit("stderr", "%s: warning: %s; %s\n" % (PROG, sanitise(problem), NO_SYSLOG))
     elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
         emit("stderr", "%s: %s\n" % (PROG, line))
-    elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
-                                or getattr(sys.stderr, "isatty", bool)()):
-        emit("stderr", hide("%s: skip (%d%s): %s\n" % (
-            PROG, run.code, ", " + run.stage if run.stage else "",
-            sanitise(verdict_reason(run), REASON_MAX))))
+    else:
+        tty = getattr(sys.stderr, "isatty", bool)()
+        if run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND) or tty):
+            emit("stderr", hide("%s: skip (%d%s): %s\n" % (
+                PROG, run.code, ", " + run.stage if run.stage else "",
+                sanitise(verdict_reason(run), REASON_MAX))))
+        if run.problems and tty:    # a person reads it: what was not done
+            emit("stderr", hide("%s: warning: %s\n" % (
+                PROG, sanitise("; ".join(run.problems), REASON_MAX))))
     if run.trace and opts.debug:
         emit("stderr", hide(run.trace))
 

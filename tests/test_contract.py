@@ -753,6 +753,20 @@ class TerminalTest(ContractCase):
         self.assertEqual(self.run_on_tty(["--host", "127.0.0.1:%d" % free_port(),
                                           "-q"]), (69, ""))
 
+    def test_a_problem_of_a_ready_run_is_a_warning_on_a_terminal(self):
+        """A metrics file that cannot be written: ready, and one warning line
+        on a terminal (under cron only in the syslog line's problem=)."""
+        emu = self.emulator()
+        metrics = os.path.join(self.sink.dir, "no", "such", "gp.prom")
+        conf = os.path.join(self.sink.dir, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        code, text = self.run_on_tty(["--host", emu.url, "--metrics-file", metrics,
+                                      "--config", conf])
+        self.assertEqual(code, 0, text)
+        self.assertEqual(text, "gpu_preflight: warning: metrics file %s: No such file "
+                               "or directory\n" % metrics)
+
     def test_verbose_prints_the_log_line_even_under_cron(self):
         emu = self.emulator()
         res = self.run_gp(["--host", emu.url, "-v"])
