@@ -243,6 +243,45 @@ class RecipeTest(unittest.TestCase):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.assertEqual((proc.returncode, proc.stdout.decode()), (0, ""))
 
+    def test_the_no_mta_advice_appends_the_skip_line_and_not_the_jobs_stderr(self):
+        """Output's advice for a host without syslog daemon or mail transfer
+        agent, as written: the cron command appends the preflight's skip line
+        to the file; the job's stderr, when it runs, goes elsewhere."""
+        text = " ".join(readme_text().split())
+        found = re.findall(r"`(/usr/local/bin/gpu_preflight [^`]*2>>[^`]*)`", text)
+        self.assertEqual(len(found), 1, "the README's no-MTA redirect example")
+        work = tempfile.mkdtemp(prefix="gpfl-nomta-")
+        self.addCleanup(shutil.rmtree, work, True)
+        log, job = os.path.join(work, "gp.log"), os.path.join(work, "job.sh")
+        with open(job, "w") as handle:
+            handle.write("#!/bin/sh\necho job-said >&2\n")
+        os.chmod(job, 0o755)
+        conf = os.path.join(work, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        line = (found[0].replace("/usr/local/bin/gpu_preflight", "%s %s" % (
+            sys.executable, support.SCRIPT)).replace("/var/log/gpu_preflight.log", log)
+            .replace("/opt/jobs/batch.sh", job))
+        model = re.search(r"--model (\S+)", line).group(1)
+        for served, result, in_log in (("other", "result=skip code=78", 1),
+                                       (model, "job-said", 0)):
+            with self.subTest(served=served), Emulator(models=(served,)) as emu:
+                with open(log, "w"):
+                    pass                # each run's lines only
+                proc = subprocess.run(["/bin/sh", "-c", line], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=support.cron_env(
+                                          GPU_PREFLIGHT_HOST=emu.url,
+                                          GPU_PREFLIGHT_CONFIG=conf,
+                                          GPU_PREFLIGHT_SYSLOG_ADDRESS=os.path.join(
+                                              work, "no-daemon.sock")))
+                with open(log) as handle:
+                    logged = handle.read().splitlines()
+                said = proc.stdout + proc.stderr
+                self.assertEqual(len(logged), in_log, logged)
+                self.assertIn(result, (logged or [said.decode()])[0])
+                self.assertEqual(said, b"" if in_log else b"job-said\n", line)
+
     def test_slurm_health_check_script(self):
         scripts = [body for info, body in readme_blocks()
                    if info == "sh" and "HealthCheckProgram" in body]
