@@ -178,7 +178,7 @@ def parse_command_line(args):
             raise UsageError("there is no --token: a token on the command line is "
                              "shown to every user by ps; use --token-file or "
                              "GPU_PREFLIGHT_TOKEN")
-        ns = build_parser().parse_args(args)
+        ns = build_parser(invoked_as(sys.argv[0] if sys.argv else "")).parse_args(args)
         if ns.verbose and ns.quiet:
             raise UsageError("-v/--verbose and -q/--quiet exclude each other")
         if command == []:
@@ -591,12 +591,24 @@ def choose_models(run, listed, wanted, where=None, listing=None):
         raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
             "s" if len(missing) > 1 else "", ", ".join(missing),
             "are not" if len(missing) > 1 else "is not", where,
-            " (ollama pull %s)" % " / ".join(missing) if run.api == "ollama" else "",
+            missing_hint(missing, names, run.api == "ollama"),
             listing, sanitise(", ".join(names[:10]) or "no models")))
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
                        resident=None, size_vram=None, size=None, was_loaded=None, reason="",
                        entry=listed[names.index(n)]) for n in found]
     run.model = found[0]
+
+
+def missing_hint(missing, names, pull):
+    """' (did you mean NAME?)' for the missing names close to a listed one (a
+    typo), and ' (ollama pull NAME)' for the others when pull."""
+    import difflib              # only here: a name is missing
+    short = [n[:-len(":latest")] if n.endswith(":latest") else n for n in names]
+    close = [(difflib.get_close_matches(name, short, 1) or [None])[0] for name in missing]
+    said = ["did you mean %s?" % " / ".join(c for c in close if c)] if any(close) else []
+    if pull and None in close:
+        said.append("ollama pull %s" % " / ".join(m for m, c in zip(missing, close) if not c))
+    return " (%s)" % sanitise("; ".join(said)) if said else ""
 
 
 def find_model(wanted, names):
@@ -1977,6 +1989,9 @@ def take_lock(path):
         fd = open_no_follow(path, 0o600)    # flock needs only a read: others
     except OSError as exc:                  # must not open it at all
         why = "a symlink, not followed" if exc.errno == errno.ELOOP else exc.strerror
+        if exc.errno in (errno.EACCES, errno.EPERM) and os.geteuid() != 0:
+            why += (": as a non-root user put the lock in $XDG_RUNTIME_DIR or a "
+                    "directory of your own")
         raise Fail(EX_CONFIG, "lock file %s: %s" % (sanitise(path), why), "lock")
     info = os.fstat(fd)
     if info.st_uid not in (0, os.geteuid()):    # its owner could hold it forever
@@ -2252,11 +2267,15 @@ def report(run):
             emit("stderr", "%s: warning: %s; %s\n" % (PROG, sanitise(problem), NO_SYSLOG))
     elif problem and run.code != EX_OK:     # no syslog: cron mails it, systemd keeps it
         emit("stderr", "%s: %s\n" % (PROG, line))
-    elif run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND)
-                                or getattr(sys.stderr, "isatty", bool)()):
-        emit("stderr", hide("%s: skip (%d%s): %s\n" % (
-            PROG, run.code, ", " + run.stage if run.stage else "",
-            sanitise(verdict_reason(run), REASON_MAX))))
+    else:
+        tty = getattr(sys.stderr, "isatty", bool)()
+        if run.code != EX_OK and (run.code in (EX_SOFTWARE, EX_NOEXEC, EX_NOTFOUND) or tty):
+            emit("stderr", hide("%s: skip (%d%s): %s\n" % (
+                PROG, run.code, ", " + run.stage if run.stage else "",
+                sanitise(verdict_reason(run), REASON_MAX))))
+        if run.problems and tty:    # a person reads it: what was not done
+            emit("stderr", hide("%s: warning: %s\n" % (
+                PROG, sanitise("; ".join(run.problems), REASON_MAX))))
     if run.trace and opts.debug:
         emit("stderr", hide(run.trace))
 
@@ -2859,10 +2878,11 @@ OPTIONS = (
 
 EPILOG = """\
 examples:
-  gpu_preflight --model llama3.2 --timeout 5 --deadline 15 && job
-  gpu_preflight --gpu --max-util 30 --min-free-mib 20000 -- /opt/jobs/batch.sh
-  gpu_preflight --api openai --host https://llm.example.org --token-file /etc/t
-  */10 * * * * /usr/local/bin/gpu_preflight --lock /run/gpu0.lock -- /opt/jobs/batch.sh
+  %(run)s --model llama3.2 --timeout 5 --deadline 15 && job
+  %(run)s --gpu --max-util 30 --min-free-mib 20000 -- /opt/jobs/batch.sh
+  %(run)s --api openai --host https://llm.example.org --token-file /etc/t
+in /etc/cron.d/gpu-batch (in `crontab -e`, leave out the user field root):
+  */10 * * * *  root  /usr/local/bin/gpu_preflight --lock /run/gpu0.lock -- /opt/jobs/batch.sh
 
 A cold model (not loaded when the run starts) needs longer than the default
 3 s to load, and Ollama aborts a load when the client gives up: give the
@@ -2916,11 +2936,14 @@ def each_option():
     return [option for _, options in OPTIONS for option in options]
 
 
-def build_parser():
-    """The command line: every option defaults to None (= not given)."""
+def build_parser(run="python3 gpu_preflight.py"):
+    """The command line: every option defaults to None (= not given). run: how
+    the examples of --help call the script (invoked_as())."""
+    description = "\n\n".join(__doc__.split("\n\n")[:7])
     parser = _Parser(prog=PROG, usage="%(prog)s [OPTION ...] [-- COMMAND [ARG ...]]",
-                     description="\n\n".join(__doc__.split("\n\n")[:7]), epilog=EPILOG,
-                     allow_abbrev=False, formatter_class=_Formatter)
+                     description=description.replace("python3 gpu_preflight.py", run),
+                     epilog=EPILOG % {"run": run}, allow_abbrev=False,
+                     formatter_class=_Formatter)
     for title, options in OPTIONS:
         group = parser.add_argument_group(title)
         for name, short, _, kind, default, metavar, text in options:
@@ -2939,6 +2962,14 @@ def build_parser():
                         version="%s %s (Python %s)" % (
                             PROG, __version__, sys.version.split()[0]))
     return parser
+
+
+def invoked_as(argv0):
+    """The script as it was run: its name (gpu_preflight, installed), or
+    python3 NAME.py for a .py file; PROG for a name that is not plain ASCII."""
+    name = os.path.basename(argv0)
+    name = name if re.match(r"^[A-Za-z0-9_.+-]+$", name) else PROG
+    return "python3 " + name if name.endswith(".py") else name
 
 
 def configure(ns, environ):
@@ -2975,6 +3006,11 @@ def config_path(ns, environ):
     return DEFAULT_CONFIG, False
 
 
+#: The keys whose values may be quoted: host (unquoted as Ollama does
+#: OLLAMA_HOST) and ollama-option (shell words).
+QUOTES_TAKEN = ("host", "ollama-option")
+
+
 def read_config_file(path, must_exist):
     """The [gpu_preflight] keys of an INI file; None when there is none, as allowed."""
     if not must_exist and not os.path.lexists(path):   # a dangling link is an error
@@ -3006,6 +3042,10 @@ def read_config_file(path, must_exist):
         name = key.replace("_", "-")
         if name not in known:
             raise ConfigError("config file %s: unknown key %r" % (path, key))
+        if len(text) > 1 and text[0] == text[-1] and text[0] in "\"'" and \
+                name not in QUOTES_TAKEN:
+            raise ConfigError("config file %s: %s = %s: INI values take no quotes: "
+                              "write %s = %s" % (path, key, text, key, text[1:-1]))
         values[name] = text
     return values
 

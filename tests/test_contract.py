@@ -9,11 +9,13 @@ stderr, the request the server saw, and the line on a real syslog socket.
 import json
 import os
 import pty
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -291,6 +293,33 @@ class ReadyTest(ContractCase):
                      "cold model"):
             self.assertIn(text, res.stdout)
 
+    def test_help_examples_call_the_script_as_it_was_run(self):
+        """Installed (a name without .py) the examples say gpu_preflight, as a
+        .py file python3 gpu_preflight.py; the cron example is an /etc/cron.d
+        line, with its user field, and says so."""
+        work = tempfile.mkdtemp(prefix="gpfl-help-")
+        self.addCleanup(shutil.rmtree, work, True)
+        installed = os.path.join(work, "gpu_preflight")
+        shutil.copy(support.SCRIPT, installed)
+        proc = subprocess.run([sys.executable, installed, "--help"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=support.cron_env())
+        self.assertEqual((proc.returncode, proc.stderr), (0, b""))
+        text = proc.stdout.decode("ascii")
+        self.assertNotIn("python3 gpu_preflight.py", text)
+        self.assertIn("\n    gpu_preflight --lock /run/gpu0.lock -- ", text)
+        self.assertIn("\n  gpu_preflight --model llama3.2 ", text)
+        res = support.run_script(["--help"])
+        self.assertEqual((res.code, res.stderr), (0, ""))
+        self.assertIn("\n    python3 gpu_preflight.py --lock /run/gpu0.lock -- ", res.stdout)
+        self.assertIn("\n  python3 gpu_preflight.py --model llama3.2 ", res.stdout)
+        for said in (text, res.stdout):
+            cron = [line for line in said.splitlines() if line.startswith("  */")]
+            self.assertEqual(len(cron), 1, said)
+            self.assertRegex(cron[0], r"^  (\S+ ){4}\S+\s+root\s+/usr/local/bin/gpu_preflight ")
+            above = said.splitlines()[said.splitlines().index(cron[0]) - 1]
+            self.assertIn("/etc/cron.d", above)
+            self.assertIn("crontab -e", above)
+
     def test_partial_offload_is_ready_and_reported(self):
         emu = self.emulator(mode="partial")
         self.assertEqual(self.run_gp(["--host", emu.url]).code, 0)
@@ -484,6 +513,27 @@ class ConfigurationTest(ContractCase):
             handle.write("[gpu_preflight]\ntimeout = soon\n")
         res = self.run_gp(["--config", conf])
         self.assertSkip(res, 78, "config", "timeout")
+
+    def test_a_quoted_config_value_is_refused_with_the_unquoted_form(self):
+        """INI values take no quotes: `model = "llama3.2"` would look for a model
+        named with its quotes; a quoted value is refused at once, as a config
+        error, but where its parser takes quotes (host, ollama-option)."""
+        emu = self.emulator()
+        conf = os.path.join(self.sink.dir, "quoted.conf")
+        for line, fix in (('model = "llama3.2"', "write model = llama3.2"),
+                          ("timeout = '5'", "write timeout = 5"),
+                          ('require = "tools"', "write require = tools")):
+            with self.subTest(line=line):
+                with open(conf, "w") as handle:
+                    handle.write("[gpu_preflight]\n%s\n" % line)
+                res = self.run_gp(["--host", emu.url, "--config", conf])
+                fields = self.assertSkip(res, 78, "config", "INI values take no quotes")
+                self.assertIn(fix, fields["reason"])
+        self.assertEqual(emu.requests, [])
+        with open(conf, "w") as handle:     # unquoted as OLLAMA_HOST; shell words
+            handle.write("[gpu_preflight]\nhost = '%s'\nollama-option = 'num_ctx=2048'\n"
+                         % emu.url)
+        self.assertEqual(self.run_gp(["--config", conf]).code, 0)
 
     def test_bad_environment_value(self):
         res = self.run_gp([], env=support.cron_env(GPU_PREFLIGHT_WARMUP="full"))
@@ -702,6 +752,20 @@ class TerminalTest(ContractCase):
         self.assertEqual(self.run_on_tty(["--host", emu.url]), (0, ""))
         self.assertEqual(self.run_on_tty(["--host", "127.0.0.1:%d" % free_port(),
                                           "-q"]), (69, ""))
+
+    def test_a_problem_of_a_ready_run_is_a_warning_on_a_terminal(self):
+        """A metrics file that cannot be written: ready, and one warning line
+        on a terminal (under cron only in the syslog line's problem=)."""
+        emu = self.emulator()
+        metrics = os.path.join(self.sink.dir, "no", "such", "gp.prom")
+        conf = os.path.join(self.sink.dir, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        code, text = self.run_on_tty(["--host", emu.url, "--metrics-file", metrics,
+                                      "--config", conf])
+        self.assertEqual(code, 0, text)
+        self.assertEqual(text, "gpu_preflight: warning: metrics file %s: No such file "
+                               "or directory\n" % metrics)
 
     def test_verbose_prints_the_log_line_even_under_cron(self):
         emu = self.emulator()

@@ -19,6 +19,7 @@ import unittest
 import support
 from ollama_emu import Emulator, free_port
 from test_contract import SLACK, ContractCase
+from test_trust import NOBODY
 
 
 class JobCase(ContractCase):
@@ -205,6 +206,31 @@ class LockTest(JobCase):
         self.assertEqual(res.code, 78, res)
         self.assertIn("a symlink, not followed", self.log()[1]["reason"])
         self.assertFalse(os.path.exists(target))
+
+    def test_a_user_refused_a_lock_is_told_where_a_users_lock_can_go(self):
+        """Not root, a lock in a directory only root can write (/run, here a
+        root-owned 0755 one): 78, Permission denied and where it can go."""
+        if os.geteuid() != 0:
+            self.skipTest("running as another user needs root")
+        setpriv = support.require_tool(self, "setpriv")
+        python = support.require_tool(self, "python3", "/usr/bin/python3")  # nobody runs it
+        os.chmod(self.dir, 0o755)
+        conf = self.path("gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        emu = self.emulator()
+        proc = subprocess.run(
+            [setpriv, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+             python, support.SCRIPT, "--host", emu.url, "--config", conf, "--no-syslog",
+             "--json", "--lock", self.path("gpu.lock"), "--", "/bin/true"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=support.cron_env(), cwd="/", timeout=60)
+        self.assertEqual((proc.returncode, proc.stderr), (78, b""), proc)
+        doc = json.loads(proc.stdout.decode("ascii"))
+        self.assertEqual(doc["stage"], "lock", doc)
+        self.assertIn("Permission denied: as a non-root user put the lock in "
+                      "$XDG_RUNTIME_DIR or a directory of your own", doc["reason"])
+        self.assertFalse(os.path.exists(self.path("gpu.lock")))
 
     def test_lock_mode_ignores_the_umask(self):
         emu = self.emulator()

@@ -309,6 +309,27 @@ class MissingAndBadModelsTest(ModelsCase):
         self.verdict(res, 78, "mistral", "bge-m3")
         self.assertEqual(emu.posts(*WARMUPS), [])
 
+    def test_a_typo_gets_the_close_name_not_a_pull_hint(self):
+        """A name close to a listed one is a typo: "did you mean" that one; a name
+        like none of them keeps Ollama's pull hint. An OpenAI server too."""
+        emu = self.ollama(qwen(), nomic(), llama())
+        for args, said, unsaid in (
+                (["--model", "lama3.2"], "(did you mean llama3.2?)", "ollama pull"),
+                (["--model", "lama3.2,mistral"], "(did you mean llama3.2?; ollama pull "
+                 "mistral)", "pull lama3.2"),
+                (["--model", "mistral"], "(ollama pull mistral)", "did you mean")):
+            with self.subTest(args=args):
+                self.drain()
+                fields = self.verdict(self.check(emu.url, *args), 78, said)
+                self.assertNotIn(unsaid, fields["reason"])
+                self.assertEqual(fields["stage"], "tags")
+        self.drain()
+        served = self.openai(models=("qwen2.5-0.5b",))
+        fields = self.verdict(self.check(served.url, "--api", "openai", "--model",
+                                         "qwen2.5-05b"), 78, "(did you mean qwen2.5-0.5b?)")
+        self.assertEqual(fields["stage"], "models")
+        self.assertEqual(emu.posts(*WARMUPS), [])
+
     def test_model_lists_from_the_environment_and_the_config_file(self):
         """GPU_PREFLIGHT_MODEL and the config key model: comma-separated lists."""
         emu = self.ollama(qwen(), nomic(), llama())

@@ -206,6 +206,21 @@ class RecipeTest(unittest.TestCase):
                                          "%s not taken as given" % word)
                     self.assertIsNotNone(getattr(opts, name.replace("-", "_"), None), word)
 
+    def test_the_unittest_lines_of_running_the_tests_run_from_the_repository_root(self):
+        """`python3 -m unittest tests.MODULE` as "Running the tests" shows it:
+        the test modules import their helpers (`import support`) by name."""
+        section = re.search(r"(?ms)^## Running the tests\n(.*?)(?=^## )", readme_text())
+        lines = re.findall(r"^python3 -m unittest ([\w.]+)", section.group(1), re.M)
+        self.assertGreaterEqual(len(lines), 2, "the section lost its unittest lines")
+        for name in lines:
+            with self.subTest(name=name):
+                proc = subprocess.run([sys.executable, "-m", "unittest", name],
+                                      cwd=support.REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, env=support.cron_env())
+                said = proc.stdout.decode("ascii", "replace")
+                self.assertEqual(proc.returncode, 0, said)
+                self.assertRegex(said, r"\nRan [1-9]\d* tests? in ", said)
+
     def test_systemd_units_verify(self):
         tool = support.require_tool(self, "systemd-analyze")
         units = [(body.split("\n", 1)[0][len("# /etc/systemd/system/"):], body)
@@ -227,6 +242,45 @@ class RecipeTest(unittest.TestCase):
         proc = subprocess.run([tool, "verify", "--man=no"] + paths,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.assertEqual((proc.returncode, proc.stdout.decode()), (0, ""))
+
+    def test_the_no_mta_advice_appends_the_skip_line_and_not_the_jobs_stderr(self):
+        """Output's advice for a host without syslog daemon or mail transfer
+        agent, as written: the cron command appends the preflight's skip line
+        to the file; the job's stderr, when it runs, goes elsewhere."""
+        text = " ".join(readme_text().split())
+        found = re.findall(r"`(/usr/local/bin/gpu_preflight [^`]*2>>[^`]*)`", text)
+        self.assertEqual(len(found), 1, "the README's no-MTA redirect example")
+        work = tempfile.mkdtemp(prefix="gpfl-nomta-")
+        self.addCleanup(shutil.rmtree, work, True)
+        log, job = os.path.join(work, "gp.log"), os.path.join(work, "job.sh")
+        with open(job, "w") as handle:
+            handle.write("#!/bin/sh\necho job-said >&2\n")
+        os.chmod(job, 0o755)
+        conf = os.path.join(work, "gp.conf")
+        with open(conf, "w") as handle:
+            handle.write("[gpu_preflight]\n")
+        line = (found[0].replace("/usr/local/bin/gpu_preflight", "%s %s" % (
+            sys.executable, support.SCRIPT)).replace("/var/log/gpu_preflight.log", log)
+            .replace("/opt/jobs/batch.sh", job))
+        model = re.search(r"--model (\S+)", line).group(1)
+        for served, result, in_log in (("other", "result=skip code=78", 1),
+                                       (model, "job-said", 0)):
+            with self.subTest(served=served), Emulator(models=(served,)) as emu:
+                with open(log, "w"):
+                    pass                # each run's lines only
+                proc = subprocess.run(["/bin/sh", "-c", line], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=support.cron_env(
+                                          GPU_PREFLIGHT_HOST=emu.url,
+                                          GPU_PREFLIGHT_CONFIG=conf,
+                                          GPU_PREFLIGHT_SYSLOG_ADDRESS=os.path.join(
+                                              work, "no-daemon.sock")))
+                with open(log) as handle:
+                    logged = handle.read().splitlines()
+                said = proc.stdout + proc.stderr
+                self.assertEqual(len(logged), in_log, logged)
+                self.assertIn(result, (logged or [said.decode()])[0])
+                self.assertEqual(said, b"" if in_log else b"job-said\n", line)
 
     def test_slurm_health_check_script(self):
         scripts = [body for info, body in readme_blocks()

@@ -626,6 +626,17 @@ class SourceMapTest(unittest.TestCase):
         self.assertIn("Exit status", description)
         self.assertNotIn("The file, top to bottom", description)
 
+    def test_help_examples_name_the_script_as_it_was_invoked(self):
+        for argv0, run in (("/usr/local/bin/gpu_preflight", "gpu_preflight"),
+                           ("./gpu_preflight.py", "python3 gpu_preflight.py"),
+                           ("/opt/x/gp", "gp"), ("", "gpu_preflight"),
+                           ("/tmp/a b; rm", "gpu_preflight"), ("/tmp/\xe9", "gpu_preflight")):
+            with self.subTest(argv0=argv0):
+                self.assertEqual(gp.invoked_as(argv0), run)
+                parser = gp.build_parser(run)
+                self.assertIn("\n    %s && /opt/jobs/nightly.sh\n" % run, parser.description)
+                self.assertIn("\n  %s --model llama3.2 " % run, parser.epilog)
+
 
 class MainInProcessTest(unittest.TestCase):
     def test_usage_error_returns_64(self):
