@@ -30,14 +30,16 @@
 # the right mode, is left alone ("unchanged"); anything else is replaced
 # atomically (written to a temporary name in the same directory, then renamed
 # over), a new module only once it compiled. An older install that put
-# the whole script in bin/ is replaced by the launcher. Every command that
-# changes something is printed as "+ command" on stderr; --dry-run only prints
-# them, and its "+ " lines, with that prefix cut, replay as a shell script.
+# the whole script in bin/ is replaced by the launcher. It reports a line per
+# file (installed, updated, unchanged, kept) on stderr; with --verbose also
+# every command that changes something, as "+ command". --dry-run prints
+# those commands instead of running them, and its "+ " lines, with that
+# prefix cut, replay as a shell script.
 #
 # Usage:
 #   sh install.sh [--prefix DIR] [--sysconfdir DIR] [--destdir DIR]
 #                 [--python PATH [--no-python-check]] [--no-config]
-#                 [--dry-run] [--quiet]
+#                 [--dry-run] [--verbose] [--quiet]
 #   sh install.sh --uninstall [--prefix DIR] [--destdir DIR]
 #   sh install.sh --help
 #
@@ -74,6 +76,7 @@ main() {
     UNINSTALL=0
     DRY_RUN=0
     QUIET=0
+    VERBOSE=0
     TMP=
 
     parse_args "$@"
@@ -141,8 +144,9 @@ Options:
                       found on PATH may be a pyenv shim or a wrapper)
   --uninstall         remove the command, the module and its cache; the
                       config file is kept
-  --dry-run           print what would be done, change nothing
-  --quiet             print errors and warnings only
+  --dry-run           print the commands it would run, change nothing
+  -v, --verbose       also print each command it runs, as "+ command"
+  -q, --quiet         print errors and warnings only
   -h, --help          show this help and exit
 
 Environment: PREFIX, SYSCONFDIR, DESTDIR (flags take precedence).
@@ -173,6 +177,7 @@ parse_args() {
             --no-python-check) NO_PYTHON_CHECK=1 ;;
             --uninstall) UNINSTALL=1 ;;
             --dry-run) DRY_RUN=1 ;;
+            --verbose | -v) VERBOSE=1 ;;
             --quiet | -q) QUIET=1 ;;
             --)
                 shift
@@ -438,6 +443,7 @@ install_module() {
         if [ -e "$_im_pyc" ] && [ "$_im_pyc" != "$PYC" ] \
             && { [ -n "$PYC" ] || [ "$_im_same" = 0 ]; }; then
             run rm -f "$_im_pyc"
+            done_msg remove "$_im_pyc"
         fi
     done
     check_writable "$LIBDIR"
@@ -545,7 +551,7 @@ install_config() {
     check_writable "$CONFDIR"
     ensure_dir "$CONFDIR"
     put "$CONFIG" 0644 "$(example_config)"
-    done_msg install "$CONFIG"
+    done_msg install "$CONFIG (example, all commented out)"
 }
 
 example_config() {
@@ -649,11 +655,11 @@ need_cmd() {
     fi
 }
 
-# show TEXT: print TEXT on stderr, each line as "+ line": the commands that
-# change something. Under --dry-run they are the point, so even --quiet
-# prints them; with "+ " cut they replay as a shell script.
+# show TEXT: under --verbose or --dry-run, print TEXT on stderr, each line as
+# "+ line": the commands that change something. Under --dry-run they are the
+# point, so even --quiet prints them; with "+ " cut they replay as a script.
 show() {
-    if [ "$DRY_RUN" = 1 ] || [ "$QUIET" = 0 ]; then
+    if [ "$DRY_RUN" = 1 ] || [ "$VERBOSE" = 1 ]; then
         printf '%s\n' "$1" | sed 's/^/+ /' >&2
     fi
 }

@@ -313,13 +313,13 @@ class InstallTestCase(unittest.TestCase):
 class TestInstall(InstallTestCase):
 
     def test_install_creates_fast_layout_and_config(self):
-        rc, out, err = self.assert_ok(self.run_install())
+        rc, out, err = self.assert_ok(self.run_install("-v"))
         self.assertEqual(out, "")
         self.assert_fast_layout()
         for path in (self.module, self.pyc):
             self.assertIn("installed: " + path + "\n", err)
         self.assertIn("installed: %s (python3: %s)\n" % (self.target, sys.executable), err)
-        self.assertIn("installed: %s\n" % self.config, err)
+        self.assertIn("installed: %s (example, all commented out)\n" % self.config, err)
         self.assertIn("+ install -m 0644 %s " % self.source, err)
         # compiled in a staging directory, then moved into place
         self.assertRegex(err, r"\+ %s -I -m compileall -q -f -d %s %s%s\n" % (
@@ -346,6 +346,31 @@ class TestInstall(InstallTestCase):
         self.assertEqual(os.listdir(os.path.dirname(self.config)),
                          ["gpu_preflight.conf"])
 
+    def test_a_normal_install_says_what_it_did_in_a_few_lines(self):
+        """A line per file and the installed command's version, no command
+        trace (install.sh printed some 30 "+ command" lines); -v adds it."""
+        prefix = os.path.join(self.tmp, "prefix")
+        self.set_prefix("", prefix)
+        config = os.path.join(self.tmp, "etc", "gpu_preflight.conf")
+        args = ("--prefix", prefix, "--sysconfdir", os.path.dirname(config))
+        rc, out, err = self.assert_ok(self.run_install(*args, destdir=None, python=None))
+        self.assertEqual(out, "")
+        expected = [re.escape("installed: " + self.module),
+                    re.escape("installed: %s/gpu_preflight." % self.cachedir) + r"\S+\.pyc",
+                    re.escape("installed: %s (python3: " % self.target) + r"/\S+\)",
+                    re.escape("installed: %s (example, all commented out)" % config),
+                    r"gpu_preflight \d+\.\d+\.\d+ \(Python 3\.\d+\.\d+\)"]
+        lines = err.splitlines()
+        self.assertEqual(len(lines), len(expected), err)
+        for line, pattern in zip(lines, expected):
+            self.assertRegex(line, "^%s$" % pattern)
+        with open(self.source, "a") as f:
+            f.write("\n# local change\n")
+        rc, out, err = self.assert_ok(self.run_install("-v", *args, destdir=None, python=None))
+        self.assertIn("updated: %s\n" % self.module, err)
+        self.assertIn("+ mv -f %s/.gpu_preflight.tmp." % self.lib, err)
+        self.assertIn("+ %s --version\n" % self.target, err)
+
     def test_second_run_is_unchanged(self):
         self.assert_ok(self.run_install())
         old = time.time() - 10000
@@ -354,7 +379,7 @@ class TestInstall(InstallTestCase):
             if path != self.module or HASHED:   # 3.6's pyc holds the module's mtime
                 os.utime(path, (old, old))
         before = [os.stat(path) for path in paths]
-        rc, out, err = self.assert_ok(self.run_install())
+        rc, out, err = self.assert_ok(self.run_install("--verbose"))
         for path in (self.module, self.pyc):
             self.assertIn("unchanged: " + path + "\n", err)
         self.assertIn("unchanged: %s (python3: %s)\n" % (self.target, sys.executable), err)
@@ -406,7 +431,7 @@ class TestInstall(InstallTestCase):
         write_file(unrelated, "")
         rc, out, err = self.assert_ok(self.run_install())
         for path in stale:
-            self.assertIn("+ rm -f %s\n" % path, err)
+            self.assertIn("removed: %s\n" % path, err)
             self.assertFalse(os.path.exists(path))
         self.assertIn("unchanged: " + self.pyc, err)
         self.assertEqual(sorted(os.listdir(self.cachedir)),
@@ -507,7 +532,7 @@ class TestDryRun(InstallTestCase):
         for path in (self.module, self.pyc):
             self.assertIn("would install: " + path + "\n", err)
         self.assertIn("would install: %s (python3: %s)\n" % (self.target, sys.executable), err)
-        self.assertIn("would install: %s\n" % self.config, err)
+        self.assertIn("would install: %s (example" % self.config, err)
         self.assertIn("+ install -d -m 0755 %s\n" % self.lib, err)
         self.assertIn("+ mv -f ", err)
         # the "+ " lines, run as a script, make what a real install makes
@@ -571,7 +596,7 @@ class TestUninstall(InstallTestCase):
         self.assertFalse(os.path.lexists(self.lib))
         self.assertEqual(read_bytes(self.config), config_bytes)
         self.assertIn("kept config: " + self.config, err)
-        rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        rc, out, err = self.assert_ok(self.run_install("--uninstall", "-v"))
         self.assertIn("not installed: " + self.target, err)
         self.assertNotIn("+ ", err)
         self.assertTrue(os.path.isfile(self.config))
@@ -582,9 +607,10 @@ class TestUninstall(InstallTestCase):
         write_file(other, "")                   # another interpreter's cache: ours
         notes = os.path.join(self.lib, "NOTES")  # an operator's file: not ours
         write_file(notes, "keep me\n")
-        rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        rc, out, err = self.assert_ok(self.run_install("--uninstall", "-v"))
         self.assertIn("removed: " + other, err)
         self.assertEqual(sorted(os.listdir(self.lib)), ["NOTES"])
+        self.assertIn("+ rmdir %s\n" % self.cachedir, err)
         self.assertNotIn("rmdir %s\n" % self.lib, err)
 
     def test_uninstall_removes_the_single_file_layout(self):
@@ -607,7 +633,7 @@ class TestInstalledCommand(InstallTestCase):
     """The installed launcher, run the way cron runs it."""
 
     def test_version_and_a_healthy_check_from_crons_environment(self):
-        err = self.install_live()
+        err = self.install_live("-v")
         self.assertIn("+ %s --version\n" % self.target, err)  # install.sh's smoke test
         self.assertRegex(err, r"(?m)^gpu_preflight \d+\.\d+\.\d+")
         emu = Emulator().start()
@@ -706,7 +732,7 @@ class TestInstalledCommand(InstallTestCase):
         self.assertIn("broken", err)
 
     def test_no_smoke_test_with_destdir(self):
-        rc, out, err = self.assert_ok(self.run_install())
+        rc, out, err = self.assert_ok(self.run_install("-v"))
         self.assertNotIn("--version", err)
 
 
