@@ -8,7 +8,11 @@
 # with its bytecode cache beside it (__pycache__/gpu_preflight.TAG.pyc, written
 # by the python3 this script checked), and a launcher of a few lines goes to
 #   ${DESTDIR}${PREFIX}/bin/gpu_preflight                     (0755)
-# whose #! line names that interpreter, so that each run loads the cached
+# whose #! line names that interpreter: --python, else the system's
+# /usr/bin/python3, else /usr/local/bin/python3, else python3 on PATH (the
+# first that is Python 3.6+). Run as root, it refuses one that other users
+# cannot run (a directory above it closed to them, such as a pyenv under
+# /root), or only warns when --python names it. Each run loads the cached
 # bytecode instead of compiling 2,500 lines. The launcher passes the process
 # start time to main(), so --deadline still counts from process start. If no
 # config file exists yet, an example goes to ${DESTDIR}${SYSCONFDIR}/
@@ -26,14 +30,16 @@
 # the right mode, is left alone ("unchanged"); anything else is replaced
 # atomically (written to a temporary name in the same directory, then renamed
 # over), a new module only once it compiled. An older install that put
-# the whole script in bin/ is replaced by the launcher. Every command that
-# changes something is printed as "+ command" on stderr; --dry-run only prints
-# them, and its "+ " lines, with that prefix cut, replay as a shell script.
+# the whole script in bin/ is replaced by the launcher. It reports a line per
+# file (installed, updated, unchanged, kept) on stderr; with --verbose also
+# every command that changes something, as "+ command". --dry-run prints
+# those commands instead of running them, and its "+ " lines, with that
+# prefix cut, replay as a shell script.
 #
 # Usage:
 #   sh install.sh [--prefix DIR] [--sysconfdir DIR] [--destdir DIR]
 #                 [--python PATH [--no-python-check]] [--no-config]
-#                 [--dry-run] [--quiet]
+#                 [--dry-run] [--verbose] [--quiet]
 #   sh install.sh --uninstall [--prefix DIR] [--destdir DIR]
 #   sh install.sh --help
 #
@@ -70,6 +76,7 @@ main() {
     UNINSTALL=0
     DRY_RUN=0
     QUIET=0
+    VERBOSE=0
     TMP=
 
     parse_args "$@"
@@ -92,6 +99,9 @@ main() {
     find_source
     verify_checksum
     find_python
+    if [ -n "$PY_REAL" ] && [ "$(id -u)" = 0 ]; then
+        check_others_can_run
+    fi
     if [ -z "$DESTDIR" ] && [ "$(id -u)" = 0 ]; then
         check_trust
     fi
@@ -122,8 +132,11 @@ Options:
   --prefix DIR        installation prefix (default: $PREFIX or /usr/local)
   --sysconfdir DIR    config directory (default: $SYSCONFDIR or /etc)
   --destdir DIR       staging root for packaging (default: $DESTDIR or empty)
-  --python PATH       the Python 3.6+ the command runs with (default: python3
-                      on PATH); it also writes the bytecode cache
+  --python PATH       the Python 3.6+ the command runs with (default: the
+                      first 3.6+ of /usr/bin/python3, /usr/local/bin/python3,
+                      python3 on PATH); it also writes the bytecode cache.
+                      Run as root, install.sh refuses a default one that
+                      other users cannot run; one named here gets a warning
   --no-config         do not install the example config file
   --no-python-check   do not run Python at all: no version check and no
                       bytecode cache (the first run writes it); needs
@@ -131,8 +144,9 @@ Options:
                       found on PATH may be a pyenv shim or a wrapper)
   --uninstall         remove the command, the module and its cache; the
                       config file is kept
-  --dry-run           print what would be done, change nothing
-  --quiet             print errors only
+  --dry-run           print the commands it would run, change nothing
+  -v, --verbose       also print each command it runs, as "+ command"
+  -q, --quiet         print errors and warnings only
   -h, --help          show this help and exit
 
 Environment: PREFIX, SYSCONFDIR, DESTDIR (flags take precedence).
@@ -163,6 +177,7 @@ parse_args() {
             --no-python-check) NO_PYTHON_CHECK=1 ;;
             --uninstall) UNINSTALL=1 ;;
             --dry-run) DRY_RUN=1 ;;
+            --verbose | -v) VERBOSE=1 ;;
             --quiet | -q) QUIET=1 ;;
             --)
                 shift
@@ -251,25 +266,58 @@ verify_checksum() {
 }
 
 # Set PYTHON to the absolute path of the interpreter the launcher names, PYC
-# to the cache file it reads (empty under --no-python-check), and PY_PATHS to
-# where it runs code from: its real path, its standard library, site-packages.
+# to the cache file it reads (empty under --no-python-check), PY_REAL to its
+# real path and PY_PATHS to where it runs code from: PY_REAL, its standard
+# library, site-packages. Without --python the system's python3 comes first:
+# the one on PATH may be a pyenv, conda or virtual environment of one user.
 find_python() {
     PYC=
     HASHED=0
+    PY_REAL=
     PY_PATHS=
+    PY_GIVEN=0
     if [ "$NO_PYTHON_CHECK" = 1 ]; then
         check_shebang "$PYTHON"
         return 0
     fi
-    if ! _fp_found=$(command -v "${PYTHON:-python3}" 2>/dev/null); then
-        if [ -n "$PYTHON" ]; then
+    if [ -n "$PYTHON" ]; then
+        PY_GIVEN=1
+        if ! _fp_found=$(command -v "$PYTHON" 2>/dev/null); then
             python_hint "$PYTHON not found"
         fi
-        python_hint "python3 not found on PATH"
+        probe_python "$_fp_found" || too_old "$_fp_found"
+    else
+        _fp_found=
+        _fp_old=
+        for _fp_try in /usr/bin/python3 /usr/local/bin/python3 \
+            "$(command -v python3 2>/dev/null || :)"; do
+            if [ -n "$_fp_try" ] && [ -e "$_fp_try" ]; then
+                if probe_python "$_fp_try"; then
+                    _fp_found=$_fp_try
+                    break
+                fi
+                _fp_old=${_fp_old:-$_fp_try}
+            fi
+        done
+        if [ -z "$_fp_found" ] && [ -n "$_fp_old" ]; then
+            too_old "$_fp_old"
+        elif [ -z "$_fp_found" ]; then
+            python_hint "python3 not found (not in /usr/bin, /usr/local/bin or on PATH)"
+        fi
     fi
-    # sys.executable, not the name on PATH: a pyenv shim or a wrapper script
-    # could later pick an interpreter that the cache does not match.
-    if ! _fp_info=$("$_fp_found" -I -c 'import os, site, sys
+    PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
+    PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
+    HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
+    PY_REAL=$(printf '%s\n' "$_fp_info" | sed -n 4p)
+    PY_PATHS=$(printf '%s\n' "$_fp_info" | sed -n '4,$p')
+    check_shebang "$PYTHON"
+}
+
+# probe_python PATH: true when PATH runs Python 3.6 or newer; _fp_info is
+# then what find_python reads. sys.executable, not PATH: a pyenv shim or a
+# wrapper script could later pick an interpreter the cache does not match.
+probe_python() {
+    _fp_info=$("$1" -I -c 'import os, site, sys
 if sys.version_info >= (3, 6):
     print(sys.executable)
     print(sys.implementation.cache_tag)
@@ -277,18 +325,75 @@ if sys.version_info >= (3, 6):
     print(os.path.realpath(sys.executable))
     print(os.path.dirname(os.__file__))
     print("\n".join(getattr(site, "getsitepackages", list)()))' 2>/dev/null </dev/null) \
-        || [ -z "$_fp_info" ]; then
-        if ! _fp_version=$("$_fp_found" -c 'import sys; print(sys.version.split()[0])' \
-            2>/dev/null </dev/null); then
-            _fp_version="(version unknown)"
-        fi
-        python_hint "$_fp_found is Python $_fp_version; 3.6 or newer is required"
+        && [ -n "$_fp_info" ]
+}
+
+too_old() {
+    if ! _to_version=$("$1" -c 'import sys; print(sys.version.split()[0])' \
+        2>/dev/null </dev/null); then
+        _to_version="(version unknown)"
     fi
-    PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
-    PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
-    HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
-    PY_PATHS=$(printf '%s\n' "$_fp_info" | sed -n '4,$p')
-    check_shebang "$PYTHON"
+    python_hint "$1 is Python $_to_version; 3.6 or newer is required"
+}
+
+# Root installs a command for every user, so its #! line must name an
+# interpreter they can all run, not a pyenv under /root (mode 0700): there
+# exec fails with "Permission denied" or ld.so's "cannot open shared object
+# file". A default one they cannot run is refused; one that --python names
+# only draws a warning, for its owner may want it so.
+check_others_can_run() {
+    _oc_why=$(closed_to_others "$PYTHON" "$PY_REAL")
+    if [ -z "$_oc_why" ]; then
+        return 0
+    elif [ "$PY_GIVEN" = 1 ]; then
+        warn "other users cannot run $PYTHON ($_oc_why): the command will fail for them"
+    else
+        err "other users cannot run $PYTHON ($_oc_why); install a python3 in /usr/bin, or name one they can run with --python PATH (--python $PYTHON to use this one anyway)"
+    fi
+}
+
+# closed_to_others NAMED REAL: why other users cannot run the file at NAMED
+# (REAL once links are resolved), or nothing when they can. They must be able
+# to search (x) each directory on the way as named, and on the way to where
+# each link leads, and execute the real file.
+closed_to_others() {
+    _co_dirs=$(dirs_of "${1%/*}" | while IFS= read -r _co_dir; do
+        _co_real=$(cd -P "$_co_dir" && pwd -P)
+        if [ "$_co_real" = "$_co_dir" ]; then
+            printf '%s\n' "$_co_dir"
+        else
+            dirs_of "$_co_real"
+        fi
+    done)
+    while IFS= read -r _co_dir; do
+        _co_mode=$(file_mode "${_co_dir:-/}")
+        case $_co_mode in
+            ?????????[xt]) ;;
+            *)
+                printf '%s is %s' "${_co_dir:-/}" "$_co_mode"
+                return 0
+                ;;
+        esac
+    done <<EOF
+/
+$_co_dirs
+$(dirs_of "${2%/*}")
+$2
+EOF
+}
+
+# dirs_of PATH: each directory from the top down to the absolute PATH, / aside.
+dirs_of() {
+    _do_rest=${1#/}
+    _do_dir=
+    while [ -n "$_do_rest" ]; do
+        _do_dir=$_do_dir/${_do_rest%%/*}
+        printf '%s\n' "$_do_dir"
+        case $_do_rest in
+            */*) _do_rest=${_do_rest#*/} ;;
+            *) _do_rest= ;;
+        esac
+    done
 }
 
 # Root's every run executes the launcher, the module and the interpreter with
@@ -316,7 +421,7 @@ check_shebang() {
 
 python_hint() {
     err "$1" \
-        "  gpu_preflight needs Python 3.6 or newer as 'python3' on PATH. Install it with:" \
+        "  gpu_preflight needs Python 3.6 or newer, best the system's /usr/bin/python3. Install it with:" \
         "    RHEL/Rocky/Alma 8:  dnf install python3" \
         "    SLES 15:            zypper install python3" \
         "    Debian/Ubuntu:      apt-get install python3" \
@@ -338,6 +443,7 @@ install_module() {
         if [ -e "$_im_pyc" ] && [ "$_im_pyc" != "$PYC" ] \
             && { [ -n "$PYC" ] || [ "$_im_same" = 0 ]; }; then
             run rm -f "$_im_pyc"
+            done_msg remove "$_im_pyc"
         fi
     done
     check_writable "$LIBDIR"
@@ -410,7 +516,7 @@ sys.exit(code != compile(source, final, "exec", dont_inherit=True)
 install_launcher() {
     _il_text=$(launcher)
     if own_file "$TARGET" -rwxr-xr-x && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
-        say "unchanged: $TARGET"
+        say "unchanged: $TARGET (python3: $PYTHON)"
         return 0
     fi
     check_writable "$BINDIR"
@@ -418,10 +524,10 @@ install_launcher() {
     _il_word=$(install_word "$TARGET")
     _il_was=
     if [ -f "$TARGET" ] && grep -q '^__version__ = ' "$TARGET"; then
-        _il_was=" (was the whole script; now a launcher of $LIB)"
+        _il_was="; was the whole script, now a launcher of $LIB"
     fi
     put "$TARGET" 0755 "$_il_text"
-    done_msg "$_il_word" "$TARGET$_il_was"
+    done_msg "$_il_word" "$TARGET (python3: $PYTHON$_il_was)"
 }
 
 # The command: the module, imported from its cache by the interpreter that
@@ -445,7 +551,7 @@ install_config() {
     check_writable "$CONFDIR"
     ensure_dir "$CONFDIR"
     put "$CONFIG" 0644 "$(example_config)"
-    done_msg install "$CONFIG"
+    done_msg install "$CONFIG (example, all commented out)"
 }
 
 example_config() {
@@ -530,6 +636,12 @@ err() {
     exit 1
 }
 
+# warn MESSAGE: print "install.sh: warning: MESSAGE" to stderr (even under
+# --quiet): something the user must know, though the install goes on.
+warn() {
+    printf 'install.sh: warning: %s\n' "$1" >&2
+}
+
 # usage_err MESSAGE: a usage error; message and usage on stderr, exit 2.
 usage_err() {
     printf 'install.sh: %s\n' "$1" >&2
@@ -543,11 +655,11 @@ need_cmd() {
     fi
 }
 
-# show TEXT: print TEXT on stderr, each line as "+ line": the commands that
-# change something. Under --dry-run they are the point, so even --quiet
-# prints them; with "+ " cut they replay as a shell script.
+# show TEXT: under --verbose or --dry-run, print TEXT on stderr, each line as
+# "+ line": the commands that change something. Under --dry-run they are the
+# point, so even --quiet prints them; with "+ " cut they replay as a script.
 show() {
-    if [ "$DRY_RUN" = 1 ] || [ "$QUIET" = 0 ]; then
+    if [ "$DRY_RUN" = 1 ] || [ "$VERBOSE" = 1 ]; then
         printf '%s\n' "$1" | sed 's/^/+ /' >&2
     fi
 }

@@ -4,8 +4,9 @@ Each test copies install.sh and the real gpu_preflight.py from the repository
 root into a fresh temporary directory, runs ``sh install.sh`` there as a
 subprocess (into a temporary DESTDIR, or a temporary PREFIX where the command
 must run), and checks the files it leaves behind, what it prints, and what
-the installed command does. The python3 install.sh finds is the interpreter
-running the tests, so the suite checks the layout under every Python.
+the installed command does. install.sh is given --python, a wrapper around the
+interpreter running the tests (unless a test says otherwise), so the suite
+checks the layout under every Python.
 
     python3 -m unittest -v tests/test_install.py
 """
@@ -15,6 +16,7 @@ import json
 import marshal
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -57,6 +59,11 @@ INSTALL_ENV_VARS = ("DESTDIR", "PREFIX", "SYSCONFDIR")
 PYC_NAME = "gpu_preflight.%s.pyc" % sys.implementation.cache_tag
 #: Hash-checked pycs exist from 3.7 on (PEP 552); 3.6 writes timestamp pycs.
 HASHED = sys.version_info >= (3, 7)
+
+#: The interpreter install.sh prefers; on Debian, Python 3.11.
+SYSTEM_PYTHON = "/usr/bin/python3"
+#: Where install.sh looks for the system's python3 before PATH.
+SYSTEM_BINDIRS = ("/usr/bin", "/usr/local/bin")
 
 #: Slack for start-up and scheduling on a loaded 2-core machine when checking
 #: that a run ended inside its deadline. Not a performance figure.
@@ -137,11 +144,12 @@ class InstallTestCase(unittest.TestCase):
         self.set_prefix(self.destdir, "/usr/local")
         self.config = os.path.join(self.destdir, "etc/gpu_preflight.conf")
         # A bin dir first on PATH whose python3 is a wrapper around the
-        # interpreter running the tests: install.sh must look through it.
+        # interpreter running the tests, the one run_install names with
+        # --python: install.sh must look through it.
         self.pybin = os.path.join(self.tmp, "pybin")
         os.mkdir(self.pybin)
-        write_file(os.path.join(self.pybin, "python3"),
-                   '#!/bin/sh\nexec "%s" "$@"\n' % sys.executable, 0o755)
+        self.python3 = os.path.join(self.pybin, "python3")
+        write_file(self.python3, '#!/bin/sh\nexec "%s" "$@"\n' % sys.executable, 0o755)
 
     def set_prefix(self, destdir, prefix):
         """Where the files of an install into destdir + prefix lie."""
@@ -168,33 +176,93 @@ class InstallTestCase(unittest.TestCase):
         """Run install.sh; return (exit status, stdout, stderr).
 
         DESTDIR defaults to self.destdir (pass destdir=None for none).
+        --python defaults to self.python3 (python=None: install.sh chooses),
+        unless args name one. hide_system_python=True runs it where
+        /usr/bin/python3 and /usr/local/bin/python3 do not exist.
         Other keyword arguments go to the environment (see env()).
         """
         destdir = kwargs.pop("destdir", self.destdir)
         install_sh = kwargs.pop("install_sh", self.install_sh)
         path = kwargs.pop("path", None)
+        python = kwargs.pop("python", self.python3)
+        command = [SH, install_sh] + list(args)
+        if python and not any(a.split("=")[0] == "--python" for a in args):
+            command[2:2] = ["--python", python]
+        if kwargs.pop("hide_system_python", False):
+            command = self.without_system_python() + command
         env = self.env(path=path, **kwargs)
         if destdir is not None:
             env["DESTDIR"] = destdir
         proc = subprocess.run(
-            [SH, install_sh] + list(args),
+            command,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, universal_newlines=True,
             cwd=self.tmp, env=env, timeout=120)
         return proc.returncode, proc.stdout, proc.stderr
+
+    def without_system_python(self):
+        """A command prefix that runs its command in a mount namespace of its
+        own where an overlay whiteout hides python3 in each SYSTEM_BINDIRS
+        (its other files, python3.11 too, stay)."""
+        self.need_root("mounting an overlay needs root")
+        unshare = support.require_tool(self, "unshare")
+        mount = support.require_tool(self, "mount")
+        mounts = []
+        for bindir in SYSTEM_BINDIRS:
+            if os.path.isdir(bindir):
+                layer = os.path.join(self.tmp, "hide" + bindir.replace("/", "_"))
+                os.mkdir(layer)
+                os.mknod(os.path.join(layer, "python3"), stat.S_IFCHR | 0o600,
+                         os.makedev(0, 0))
+                mounts.append("%s -t overlay overlay -o lowerdir=%s %s\n" % (
+                    mount, shlex.quote("%s:%s" % (layer, bindir)), shlex.quote(bindir)))
+        return [unshare, "--mount", SH, "-c",
+                "set -e\n" + "".join(mounts) + 'exec "$@"\n', "sh"]
+
+    def need_root(self, why):
+        """Skip unless root; in CI fail instead."""
+        if os.geteuid() == 0:
+            return
+        if support.IN_CI:
+            self.fail(why + " (CI=true)")
+        self.skipTest(why)
 
     def assert_ok(self, result):
         rc, out, err = result
         self.assertEqual(rc, 0, "install.sh failed:\n%s%s" % (out, err))
         return result
 
-    def install_live(self, *args):
+    def install_live(self, *args, **kwargs):
         """Install without DESTDIR into a temporary prefix (the smoke test
-        runs); return install.sh's stderr."""
+        runs); return install.sh's stderr. kwargs go to run_install."""
         prefix = os.path.join(self.tmp, "prefix")
         self.set_prefix("", prefix)
         return self.assert_ok(self.run_install(
-            "--prefix", prefix, "--no-config", *args, destdir=None))[2]
+            "--prefix", prefix, "--no-config", *args, destdir=None, **kwargs))[2]
+
+    def run_as_nobody(self, args):
+        """The installed command, run by another user (nobody) in cron's
+        environment, from a shell as cron runs it: setpriv itself still holds
+        root's capabilities when it execs, and so reaches what nobody cannot."""
+        setpriv = support.require_tool(self, "setpriv")
+        return subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", SH, "-c",
+             'exec "$0" "$@"', self.target] + list(args),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, universal_newlines=True, env=support.cron_env(),
+            cwd="/", timeout=60)
+
+    def private_python(self):
+        """A python3 only root can reach, as a pyenv under /root (mode 0700)
+        is: a link to the interpreter running the tests in a directory of
+        mode 0700 (the test's own directory opened, so that this one is what
+        keeps others out). Its directory."""
+        os.chmod(self.tmp, 0o755)
+        private = os.path.join(self.tmp, "private")
+        os.mkdir(private)
+        os.chmod(private, 0o700)
+        os.symlink(sys.executable, os.path.join(private, "python3"))
+        return private
 
     def assert_fast_layout(self, python=sys.executable, source=SCRIPT):
         """The launcher, the module and a cache Python will use, nothing else."""
@@ -245,11 +313,13 @@ class InstallTestCase(unittest.TestCase):
 class TestInstall(InstallTestCase):
 
     def test_install_creates_fast_layout_and_config(self):
-        rc, out, err = self.assert_ok(self.run_install())
+        rc, out, err = self.assert_ok(self.run_install("-v"))
         self.assertEqual(out, "")
         self.assert_fast_layout()
-        for path in (self.module, self.pyc, self.target, self.config):
+        for path in (self.module, self.pyc):
             self.assertIn("installed: " + path + "\n", err)
+        self.assertIn("installed: %s (python3: %s)\n" % (self.target, sys.executable), err)
+        self.assertIn("installed: %s (example, all commented out)\n" % self.config, err)
         self.assertIn("+ install -m 0644 %s " % self.source, err)
         # compiled in a staging directory, then moved into place
         self.assertRegex(err, r"\+ %s -I -m compileall -q -f -d %s %s%s\n" % (
@@ -276,6 +346,31 @@ class TestInstall(InstallTestCase):
         self.assertEqual(os.listdir(os.path.dirname(self.config)),
                          ["gpu_preflight.conf"])
 
+    def test_a_normal_install_says_what_it_did_in_a_few_lines(self):
+        """A line per file and the installed command's version, no command
+        trace (install.sh printed some 30 "+ command" lines); -v adds it."""
+        prefix = os.path.join(self.tmp, "prefix")
+        self.set_prefix("", prefix)
+        config = os.path.join(self.tmp, "etc", "gpu_preflight.conf")
+        args = ("--prefix", prefix, "--sysconfdir", os.path.dirname(config))
+        rc, out, err = self.assert_ok(self.run_install(*args, destdir=None, python=None))
+        self.assertEqual(out, "")
+        expected = [re.escape("installed: " + self.module),
+                    re.escape("installed: %s/gpu_preflight." % self.cachedir) + r"\S+\.pyc",
+                    re.escape("installed: %s (python3: " % self.target) + r"/\S+\)",
+                    re.escape("installed: %s (example, all commented out)" % config),
+                    r"gpu_preflight \d+\.\d+\.\d+ \(Python 3\.\d+\.\d+\)"]
+        lines = err.splitlines()
+        self.assertEqual(len(lines), len(expected), err)
+        for line, pattern in zip(lines, expected):
+            self.assertRegex(line, "^%s$" % pattern)
+        with open(self.source, "a") as f:
+            f.write("\n# local change\n")
+        rc, out, err = self.assert_ok(self.run_install("-v", *args, destdir=None, python=None))
+        self.assertIn("updated: %s\n" % self.module, err)
+        self.assertIn("+ mv -f %s/.gpu_preflight.tmp." % self.lib, err)
+        self.assertIn("+ %s --version\n" % self.target, err)
+
     def test_second_run_is_unchanged(self):
         self.assert_ok(self.run_install())
         old = time.time() - 10000
@@ -284,9 +379,10 @@ class TestInstall(InstallTestCase):
             if path != self.module or HASHED:   # 3.6's pyc holds the module's mtime
                 os.utime(path, (old, old))
         before = [os.stat(path) for path in paths]
-        rc, out, err = self.assert_ok(self.run_install())
-        for path in (self.module, self.pyc, self.target):
+        rc, out, err = self.assert_ok(self.run_install("--verbose"))
+        for path in (self.module, self.pyc):
             self.assertIn("unchanged: " + path + "\n", err)
+        self.assertIn("unchanged: %s (python3: %s)\n" % (self.target, sys.executable), err)
         self.assertIn("kept existing config: " + self.config, err)
         self.assertNotIn("+ ", err)  # nothing was run
         after = [os.stat(path) for path in paths]
@@ -314,8 +410,8 @@ class TestInstall(InstallTestCase):
         shutil.copy(SCRIPT, self.target)
         os.chmod(self.target, 0o755)
         rc, out, err = self.assert_ok(self.run_install("--no-config"))
-        self.assertIn("updated: %s (was the whole script; now a launcher of %s)"
-                      % (self.target, self.lib_final), err)
+        self.assertIn("updated: %s (python3: %s; was the whole script, now a launcher of %s)"
+                      % (self.target, sys.executable, self.lib_final), err)
         self.assert_fast_layout()
         self.assertEqual(tree(self.destdir), [
             "usr", "usr/local", "usr/local/bin", "usr/local/bin/gpu_preflight",
@@ -335,7 +431,7 @@ class TestInstall(InstallTestCase):
         write_file(unrelated, "")
         rc, out, err = self.assert_ok(self.run_install())
         for path in stale:
-            self.assertIn("+ rm -f %s\n" % path, err)
+            self.assertIn("removed: %s\n" % path, err)
             self.assertFalse(os.path.exists(path))
         self.assertIn("unchanged: " + self.pyc, err)
         self.assertEqual(sorted(os.listdir(self.cachedir)),
@@ -390,8 +486,9 @@ class TestInstall(InstallTestCase):
         # install.sh at the final path agrees: nothing to redo
         rc, out, err = self.assert_ok(self.run_install(
             "--prefix", final, "--no-config", destdir=None))
-        for path in (self.module, self.pyc, self.target):
+        for path in (self.module, self.pyc):
             self.assertIn("unchanged: " + path + "\n", err)
+        self.assertIn("unchanged: %s (python3: %s)\n" % (self.target, sys.executable), err)
 
     def test_existing_config_is_never_touched(self):
         os.makedirs(os.path.dirname(self.config))
@@ -421,7 +518,7 @@ class TestInstall(InstallTestCase):
         self.assertNotIn("gpu_preflight.conf", err)
 
     def test_quiet_prints_nothing(self):
-        rc, out, err = self.assert_ok(self.run_install("--quiet"))
+        rc, out, err = self.assert_ok(self.run_install("--quiet", python=None))
         self.assertEqual((out, err), ("", ""))
         self.assertTrue(os.path.isfile(self.target))
         self.assertTrue(os.path.isfile(self.config))
@@ -432,8 +529,10 @@ class TestDryRun(InstallTestCase):
     def test_dry_run_writes_nothing_and_replays_as_the_install(self):
         rc, out, err = self.assert_ok(self.run_install("--dry-run"))
         self.assertEqual(tree(self.destdir), [])
-        for path in (self.module, self.pyc, self.target, self.config):
+        for path in (self.module, self.pyc):
             self.assertIn("would install: " + path + "\n", err)
+        self.assertIn("would install: %s (python3: %s)\n" % (self.target, sys.executable), err)
+        self.assertIn("would install: %s (example" % self.config, err)
         self.assertIn("+ install -d -m 0755 %s\n" % self.lib, err)
         self.assertIn("+ mv -f ", err)
         # the "+ " lines, run as a script, make what a real install makes
@@ -497,7 +596,7 @@ class TestUninstall(InstallTestCase):
         self.assertFalse(os.path.lexists(self.lib))
         self.assertEqual(read_bytes(self.config), config_bytes)
         self.assertIn("kept config: " + self.config, err)
-        rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        rc, out, err = self.assert_ok(self.run_install("--uninstall", "-v"))
         self.assertIn("not installed: " + self.target, err)
         self.assertNotIn("+ ", err)
         self.assertTrue(os.path.isfile(self.config))
@@ -508,9 +607,10 @@ class TestUninstall(InstallTestCase):
         write_file(other, "")                   # another interpreter's cache: ours
         notes = os.path.join(self.lib, "NOTES")  # an operator's file: not ours
         write_file(notes, "keep me\n")
-        rc, out, err = self.assert_ok(self.run_install("--uninstall"))
+        rc, out, err = self.assert_ok(self.run_install("--uninstall", "-v"))
         self.assertIn("removed: " + other, err)
         self.assertEqual(sorted(os.listdir(self.lib)), ["NOTES"])
+        self.assertIn("+ rmdir %s\n" % self.cachedir, err)
         self.assertNotIn("rmdir %s\n" % self.lib, err)
 
     def test_uninstall_removes_the_single_file_layout(self):
@@ -533,7 +633,7 @@ class TestInstalledCommand(InstallTestCase):
     """The installed launcher, run the way cron runs it."""
 
     def test_version_and_a_healthy_check_from_crons_environment(self):
-        err = self.install_live()
+        err = self.install_live("-v")
         self.assertIn("+ %s --version\n" % self.target, err)  # install.sh's smoke test
         self.assertRegex(err, r"(?m)^gpu_preflight \d+\.\d+\.\d+")
         emu = Emulator().start()
@@ -617,7 +717,7 @@ class TestInstalledCommand(InstallTestCase):
         write_file(naive, read_bytes(self.target).decode().replace(
             "main(started=gpu_preflight.process_started())", "main()"), 0o755)
         elapsed, doc = run(naive)
-        self.assertGreaterEqual(doc["stages"][0]["duration_ms"], deadline * 1000 - 100)
+        self.assertGreaterEqual(doc["stages"][0]["duration_ms"], (deadline - delay) * 1000 + 700)
         self.assertGreaterEqual(elapsed, deadline + delay)
 
     def test_failing_smoke_test_is_an_error(self):
@@ -633,7 +733,7 @@ class TestInstalledCommand(InstallTestCase):
         self.assertIn("broken", err)
 
     def test_no_smoke_test_with_destdir(self):
-        rc, out, err = self.assert_ok(self.run_install())
+        rc, out, err = self.assert_ok(self.run_install("-v"))
         self.assertNotIn("--version", err)
 
 
@@ -734,9 +834,11 @@ class TestPythonCheck(InstallTestCase):
     )
 
     def test_too_old_python_fails_with_hint(self):
+        # no system python3: python3 on PATH is the one install.sh finds
         fakebin = self.make_bin("python3", self.FAKE_OLD_PYTHON)
         rc, out, err = self.run_install(
-            path=fakebin + os.pathsep + "/usr/bin:/bin")
+            path=fakebin + os.pathsep + "/usr/bin:/bin", python=None,
+            hide_system_python=True)
         self.assertEqual(rc, 1, err)
         self.assertIn("install.sh: error: %s/python3 is Python 3.5.10; 3.6 or newer "
                       "is required" % fakebin, err)
@@ -747,11 +849,13 @@ class TestPythonCheck(InstallTestCase):
         self.assertEqual(tree(self.destdir), [])
 
     def test_missing_python_fails_with_hint(self):
-        # PATH holds only the tools install.sh needs: no python3 at all.
+        # PATH holds only the tools install.sh needs, and the system none:
+        # no python3 at all.
         fakebin = self.make_bin(None, "")
-        rc, out, err = self.run_install(path=fakebin)
+        rc, out, err = self.run_install(path=fakebin, python=None, hide_system_python=True)
         self.assertEqual(rc, 1, err)
-        self.assertIn("install.sh: error: python3 not found on PATH", err)
+        self.assertIn("install.sh: error: python3 not found (not in /usr/bin, "
+                      "/usr/local/bin or on PATH)\n", err)
         self.assertIn("dnf install python3", err)
         self.assertEqual(tree(self.destdir), [])
         rc, out, err = self.run_install("--python", "/nonexistent/python3", path=fakebin)
@@ -763,7 +867,7 @@ class TestPythonCheck(InstallTestCase):
         python = os.path.join(fakebin, "python3")
         # the python3 found on PATH may be a pyenv shim or a wrapper that picks
         # an interpreter at run time: without running it, --python must say
-        rc, out, err = self.run_install("--no-python-check",
+        rc, out, err = self.run_install("--no-python-check", python=None,
                                         path=fakebin + os.pathsep + "/usr/bin:/bin")
         self.assertEqual(rc, 2, err)
         self.assertIn("--no-python-check needs --python PATH", err)
@@ -787,10 +891,56 @@ class TestPythonCheck(InstallTestCase):
         self.assertEqual(rc, 1)
         self.assertIn("'python3' is not absolute", err)
 
+    def test_root_prefers_the_system_python_every_user_can_run(self):
+        """As root with a private python3 first on PATH (pyenv under /root),
+        the command names /usr/bin/python3, and another user can run it.
+        install.sh named the private one: every other user got "Permission
+        denied" (126), or ld.so's error, and no one was warned."""
+        self.need_root("a private interpreter is private to root")
+        self.assertTrue(os.access(SYSTEM_PYTHON, os.X_OK),
+                        "this test needs the system's %s" % SYSTEM_PYTHON)
+        private = self.private_python()
+        err = self.install_live(python=None, path=private + os.pathsep + "/usr/bin:/bin")
+        self.assertTrue(read_bytes(self.target).startswith(b"#!/usr/bin/python3 -I\n"),
+                        read_bytes(self.target)[:80])
+        self.assertIn("installed: %s (python3: %s)\n" % (self.target, SYSTEM_PYTHON), err)
+        proc = self.run_as_nobody(["--version"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+ \(Python 3\.")
+
+    def test_root_refuses_a_python_others_cannot_run(self):
+        """With no system python3, the private one found on PATH is refused
+        in one line that names the directory keeping others out and the
+        fix; nothing is installed."""
+        private = self.private_python()
+        fakebin = self.make_bin(None, "")
+        rc, out, err = self.run_install(python=None, path=private + os.pathsep + fakebin,
+                                        hide_system_python=True)
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(err.splitlines(), [
+            "install.sh: error: other users cannot run %s/python3 (%s is drwx------); "
+            "install a python3 in /usr/bin, or name one they can run with --python PATH "
+            "(--python %s/python3 to use this one anyway)" % (private, private, private)])
+        self.assertEqual(tree(self.destdir), [])
+
+    def test_root_warns_for_a_named_python_others_cannot_run(self):
+        """--python naming the private one installs it, with one warning on
+        stderr, even under --quiet; the warning is true: nobody cannot run
+        the command."""
+        self.need_root("a private interpreter is private to root")
+        python = os.path.join(self.private_python(), "python3")
+        warning = ("install.sh: warning: other users cannot run %s (%s is drwx------): "
+                   "the command will fail for them\n" % (python, os.path.dirname(python)))
+        err = self.install_live("--python", python)
+        self.assertEqual([line for line in err.splitlines(True) if "warning" in line],
+                         [warning])
+        self.assertTrue(read_bytes(self.target).startswith(("#!%s -I\n" % python).encode()))
+        self.assertNotEqual(self.run_as_nobody(["--version"]).returncode, 0)
+        self.assertEqual(self.install_live("--python", python, "--quiet"), warning)
+
     def test_python_check_also_runs_in_dry_run(self):
         fakebin = self.make_bin("python3", self.FAKE_OLD_PYTHON)
-        rc, out, err = self.run_install(
-            "--dry-run", path=fakebin + os.pathsep + "/usr/bin:/bin")
+        rc, out, err = self.run_install("--dry-run", python=os.path.join(fakebin, "python3"))
         self.assertEqual(rc, 1)
         self.assertIn("dnf install python3", err)
 
