@@ -2663,8 +2663,13 @@ def parse_gpu_ids(text):
 
 
 def parse_nvml_lib(text):
-    """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
+    """--nvml-lib: the absolute path of the driver's libnvidia-ml.so.1, not a
+    stub. dlopen searches LD_LIBRARY_PATH and its cache for a bare name, so
+    the file checked before it is loaded could be another."""
     text = parse_path(text)
+    if not text.startswith("/"):
+        raise ValueError("%r: give the library's absolute path (dlopen would search "
+                         "for it, not load the file checked)" % text)
     if "/stubs/" in text:
         raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
                          "driver's library" % text)
@@ -2801,8 +2806,8 @@ OPTIONS = (
          None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
          "of them that is installed)"),
         ("nvml-lib", None, CHECK, parse_nvml_lib, None, "PATH",
-         "the driver's %s (default: dlopen's search, then the usual "
-         "directories)" % NVML_NAME),
+         "the absolute path of the driver's %s (default: dlopen's search, "
+         "then the usual directories)" % NVML_NAME),
         ("gpu-id", None, CHECK, parse_gpu_ids, None, "IDS",
          "GPUs to check: NVML indexes or UUIDs, comma-separated (default: the "
          "UUIDs in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, else all)"),

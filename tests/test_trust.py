@@ -180,6 +180,28 @@ class NvmlLibraryTest(TrustCase):
                      "have written it: %s is owned by uid 65534" % (theirs, theirs),
                      env=dict(LD_LIBRARY_PATH=theirs), stage="gpu")
 
+    def test_a_library_name_without_a_path_is_refused_and_nothing_loaded(self):
+        """--nvml-lib libnvidia-ml.so.1 used to be checked as a file in the
+        working directory (here root's, trusted) while dlopen, given a bare
+        name, searched LD_LIBRARY_PATH: root ran the constructor of a library
+        nobody owns. Now a path that is not absolute is refused at once: 64
+        for the flag, 78 from the environment."""
+        cwd = self.mkdir(self.path("cwd"))
+        self.write(os.path.join(cwd, "libnvidia-ml.so.1"), "")
+        theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
+        self.planted_lib(theirs, uid=NOBODY)
+        text = "'libnvidia-ml.so.1': give the library's absolute path"
+        env = support.cron_env(PLANTED_MARKER=self.marker, LD_LIBRARY_PATH=theirs)
+        res = self.run_gp(self.gpu_args("--nvml-lib", "libnvidia-ml.so.1"), env, cwd=cwd)
+        self.assertFalse(os.path.exists(self.marker), "the planted library ran as root")
+        self.assertEqual(res.code, 64, res)
+        self.assertIn("--nvml-lib: " + text, res.stderr)
+        self.sink.messages(wait=0.01)
+        env["GPU_PREFLIGHT_NVML_LIB"] = "libnvidia-ml.so.1"
+        res = self.run_gp(self.gpu_args(), env, cwd=cwd)
+        self.assertFalse(os.path.exists(self.marker), "the planted library ran as root")
+        self.assertSkip(res, 78, "config", "GPU_PREFLIGHT_NVML_LIB: " + text)
+
     def test_a_trusted_library_is_loaded(self):
         lib = self.planted_lib(self.mkdir(self.path("lib")))
         res = self.run_gp(self.gpu_args("--nvml-lib", lib),

@@ -256,8 +256,11 @@ class GpuParseTest(unittest.TestCase):
         for bad in ("", "gpu0", "0;1", "-1"):
             with self.assertRaises(ValueError):
                 gp.parse_gpu_ids(bad)
-        with self.assertRaises(ValueError):
-            gp.parse_nvml_lib("/usr/local/cuda/lib64/stubs/libnvidia-ml.so")
+        for bad in ("/usr/local/cuda/lib64/stubs/libnvidia-ml.so", "libnvidia-ml.so.1",
+                    "./libnvidia-ml.so.1", "lib/libnvidia-ml.so.1"):   # dlopen searches
+            with self.assertRaises(ValueError):
+                gp.parse_nvml_lib(bad)
+        self.assertEqual(gp.parse_nvml_lib("/opt/l.so"), "/opt/l.so")
 
     def test_selection(self):
         gpus = [gp.gpu_record(i, "GPU-" + c, "x") for i, c in enumerate("abc")]
