@@ -1985,7 +1985,7 @@ def take_lock(path):
                    "skip every run: put the lock in a directory only root can write, "
                    "such as /run" % (sanitise(path), user_name(info.st_uid)), "lock")
     if info.st_uid == os.geteuid() and info.st_mode & 0o077:
-        os.fchmod(fd, 0o600)                # an older version's 0644 lock
+        os.fchmod(fd, 0o600)                # an older version's 0644 lock, one name
     if not try_flock(fd):
         os.close(fd)
         raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
@@ -3217,14 +3217,18 @@ def read_small_file(path, limit):
 
 
 def open_no_follow(path, mode=0o644):
-    """A regular file's descriptor, created with mode if missing; never via a symlink."""
+    """A regular file's descriptor, created with mode if missing; never via a
+    symlink, nor a hard link (planted in /tmp, another name of any root file)."""
     try:
         fd = create_no_follow(path, mode, os.O_RDONLY)
     except FileExistsError:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # novermin
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
-        raise OSError(0, "not a regular file")
+        raise OSError(0, "a hard link (%d names), perhaps to another file of root's: "
+                      "remove it" % info.st_nlink if stat.S_ISREG(info.st_mode)
+                      else "not a regular file")
     return fd
 
 

@@ -15,6 +15,7 @@ did (so the check can fail). Needs root (chown); CI runs as root.
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import unittest
@@ -220,6 +221,24 @@ class LockFileTest(TrustCase):
         os.chown(lock, 0, 0)
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
         self.assertEqual(res.code, 0, res)
+
+    def test_a_hard_link_at_the_lock_path_is_refused_and_its_file_left_alone(self):
+        """A lock path that is another name of a root file (a hard link in a
+        sticky directory to /etc/passwd, say) was chmod-ed 0600 and locked;
+        now 78, the file untouched. nobody plants the link where
+        fs.protected_hardlinks=0 lets it; where that is 1 (the usual default)
+        root makes it: the tool must not use it, whoever made it."""
+        os.chmod(self.dir, 0o755)               # nobody may reach the target
+        target = self.write(self.path("passwd"), "root:x:0:0::/root:/bin/sh\n")
+        lock = os.path.join(self.mkdir(self.path("lock"), 0o1777), "gpu0.lock")
+        setpriv = support.require_tool(self, "setpriv")
+        if subprocess.call([setpriv, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY,
+                            "--clear-groups", "/bin/ln", target, lock],
+                           stderr=subprocess.DEVNULL) != 0:
+            os.link(target, lock)               # protected_hardlinks refused nobody
+        res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
+        self.assertSkip(res, 78, "lock", "lock file %s: a hard link (2 names)" % lock)
+        self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o644)
 
 
 class NotRootTest(TrustCase):
