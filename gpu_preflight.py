@@ -2155,18 +2155,25 @@ def state_dir(opts, environ):
     return path
 
 
+#: The environment that changes what a check proves, besides urllib's proxies
+#: (any *_proxy): the GPUs selected, the sysfs root, the CA store when there
+#: is no --cafile, and where nvidia-smi and NVML are found.
+KEY_ENVIRON = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", ENV_PREFIX + "ROOT",
+               "SSL_CERT_FILE", "SSL_CERT_DIR", "PATH", "LD_LIBRARY_PATH")
+
+
 def state_key(opts, environ):
     """A check's state file name: readable, plus a checksum of all that defines
-    the check (CHECK options, the GPUs the environment selects, the token)."""
+    the check (CHECK options, the environment that changes it, the token)."""
     import zlib
     token = None
     if opts.token:              # hashlib only then: importing it costs 2 ms
         import hashlib
         token = hashlib.sha256(opts.token.encode("ascii")).hexdigest()
     check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
-                        for o in each_option() if o[2] == CHECK] + [
-        environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-                                     ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
+                        for o in each_option() if o[2] == CHECK] + sorted(
+        [k, v] for k, v in environ.items()
+        if k in KEY_ENVIRON or k.lower().endswith("_proxy")) + [token], sort_keys=True)
     name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, ",".join(opts.model)))
     return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
 
