@@ -2000,7 +2000,7 @@ def take_lock(path):
                    "skip every run: put the lock in a directory only root can write, "
                    "such as /run" % (sanitise(path), user_name(info.st_uid)), "lock")
     if info.st_uid == os.geteuid() and info.st_mode & 0o077:
-        os.fchmod(fd, 0o600)                # an older version's 0644 lock
+        os.fchmod(fd, 0o600)                # an older version's 0644 lock, one name
     if not try_flock(fd):
         os.close(fd)
         raise Fail(EX_TEMPFAIL, "locked by another job (%s)" % sanitise(path), "lock")
@@ -2170,18 +2170,25 @@ def state_dir(opts, environ):
     return path
 
 
+#: The environment that changes what a check proves, besides urllib's proxies
+#: (any *_proxy): the GPUs selected, the sysfs root, the CA store when there
+#: is no --cafile, and where nvidia-smi and NVML are found.
+KEY_ENVIRON = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", ENV_PREFIX + "ROOT",
+               "SSL_CERT_FILE", "SSL_CERT_DIR", "PATH", "LD_LIBRARY_PATH")
+
+
 def state_key(opts, environ):
     """A check's state file name: readable, plus a checksum of all that defines
-    the check (CHECK options, the GPUs the environment selects, the token)."""
+    the check (CHECK options, the environment that changes it, the token)."""
     import zlib
     token = None
     if opts.token:              # hashlib only then: importing it costs 2 ms
         import hashlib
         token = hashlib.sha256(opts.token.encode("ascii")).hexdigest()
     check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
-                        for o in each_option() if o[2] == CHECK] + [
-        environ.get(var) for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-                                     ENV_PREFIX + "ROOT")] + [token], sort_keys=True)
+                        for o in each_option() if o[2] == CHECK] + sorted(
+        [k, v] for k, v in environ.items()
+        if k in KEY_ENVIRON or k.lower().endswith("_proxy")) + [token], sort_keys=True)
     name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, ",".join(opts.model)))
     return "%s-%08x" % (name.strip("_")[:80], zlib.crc32(check.encode("utf-8")))
 
@@ -2682,8 +2689,13 @@ def parse_gpu_ids(text):
 
 
 def parse_nvml_lib(text):
-    """--nvml-lib: the path of the driver's libnvidia-ml.so.1, not a stub."""
+    """--nvml-lib: the absolute path of the driver's libnvidia-ml.so.1, not a
+    stub. dlopen searches LD_LIBRARY_PATH and its cache for a bare name, so
+    the file checked before it is loaded could be another."""
     text = parse_path(text)
+    if not text.startswith("/"):
+        raise ValueError("%r: give the library's absolute path (dlopen would search "
+                         "for it, not load the file checked)" % text)
     if "/stubs/" in text:
         raise ValueError("%s is the CUDA toolkit's link-time stub, not the "
                          "driver's library" % text)
@@ -2820,8 +2832,8 @@ OPTIONS = (
          None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
          "of them that is installed)"),
         ("nvml-lib", None, CHECK, parse_nvml_lib, None, "PATH",
-         "the driver's %s (default: dlopen's search, then the usual "
-         "directories)" % NVML_NAME),
+         "the absolute path of the driver's %s (default: dlopen's search, "
+         "then the usual directories)" % NVML_NAME),
         ("gpu-id", None, CHECK, parse_gpu_ids, None, "IDS",
          "GPUs to check: NVML indexes or UUIDs, comma-separated (default: the "
          "UUIDs in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, else all)"),
@@ -3252,14 +3264,18 @@ def read_small_file(path, limit):
 
 
 def open_no_follow(path, mode=0o644):
-    """A regular file's descriptor, created with mode if missing; never via a symlink."""
+    """A regular file's descriptor, created with mode if missing; never via a
+    symlink, nor a hard link (planted in /tmp, another name of any root file)."""
     try:
         fd = create_no_follow(path, mode, os.O_RDONLY)
     except FileExistsError:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # novermin
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
-        raise OSError(0, "not a regular file")
+        raise OSError(0, "a hard link (%d names), perhaps to another file of root's: "
+                      "remove it" % info.st_nlink if stat.S_ISREG(info.st_mode)
+                      else "not a regular file")
     return fd
 
 

@@ -125,14 +125,14 @@ def sig_mask(signums):
     return "%016x" % sum(1 << (int(s) - 1) for s in signums)
 
 
-def run_script(args, env=None, timeout=60, python=None):
+def run_script(args, env=None, timeout=60, python=None, cwd="/"):
     """Run gpu_preflight.py under cron-like conditions; return a Result."""
     started = time.monotonic()
     proc = subprocess.Popen(
         [python or sys.executable, SCRIPT] + list(args),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=cron_env() if env is None else env,
-        cwd="/", start_new_session=True)
+        cwd=cwd, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -38,11 +38,11 @@ class ContractCase(unittest.TestCase):
         self.addCleanup(emu.stop)
         return emu
 
-    def run_gp(self, args, env=None, log=True):
+    def run_gp(self, args, env=None, log=True, cwd="/"):
         extra = ["--syslog-address", self.sink.path] if log else []
         args = list(args)
         cut = args.index("--") if "--" in args else len(args)   # before a job's COMMAND
-        return support.run_script(args[:cut] + extra + args[cut:], env=env)
+        return support.run_script(args[:cut] + extra + args[cut:], env=env, cwd=cwd)
 
     def log(self):
         """The one syslog line of the run: (priority, fields)."""

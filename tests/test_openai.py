@@ -299,6 +299,16 @@ class TLSTest(OpenAICase):
         self.verdict(self.check(proxy.url, *shared), 78, "health", "certificate verify failed")
         self.verdict(self.check(proxy.url, "--cafile", self.ca["ca"], *shared), 78, "health")
 
+    def test_a_verdict_ssl_cert_file_verified_is_not_shared_with_a_run_without_it(self):
+        # without --cafile, SSL_CERT_FILE chooses the CA store: the same
+        # options without it prove nothing about this certificate
+        proxy, backend = self.proxy(self.ca["server_cert"], self.ca["server_key"])
+        state = tempfile.mkdtemp(dir=self.dir)
+        shared = ["--share-result", "60", "--state-dir", state]
+        self.verdict(self.check(proxy.url, *shared, env=support.cron_env(
+            SSL_CERT_FILE=self.ca["ca"])), 0)
+        self.verdict(self.check(proxy.url, *shared), 78, "health", "certificate verify failed")
+
     def test_bad_cafile_is_78(self):
         proxy, backend = self.proxy(self.ca["server_cert"], self.ca["server_key"])
         self.verdict(self.check(proxy.url, "--cafile", os.path.join(self.ca_dir, "nope")),

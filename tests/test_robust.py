@@ -46,7 +46,9 @@ class FilesTest(ContractCase):
                 (["--host", emu.url, "--token-file", self.fifo], "config",
                  "cannot read token file %s: not a regular file" % self.fifo),
                 (["--host", emu.url, "--nvml-lib", self.fifo, "--gpu-backend", "nvml"],
-                 "gpu", "not a regular file")):
+                 "gpu", "not a regular file"),
+                (["--host", emu.url, "--lock", self.fifo], "lock",
+                 "lock file %s: not a regular file" % self.fifo)):
             with self.subTest(option=args[-2] if args[-1] == self.fifo else args[-3]):
                 self.sink.messages(wait=0.01)
                 res = self.run_gp(args + ["--deadline", "2"])

@@ -15,6 +15,7 @@ did (so the check can fail). Needs root (chown); CI runs as root.
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import unittest
@@ -180,6 +181,28 @@ class NvmlLibraryTest(TrustCase):
                      "have written it: %s is owned by uid 65534" % (theirs, theirs),
                      env=dict(LD_LIBRARY_PATH=theirs), stage="gpu")
 
+    def test_a_library_name_without_a_path_is_refused_and_nothing_loaded(self):
+        """--nvml-lib libnvidia-ml.so.1 used to be checked as a file in the
+        working directory (here root's, trusted) while dlopen, given a bare
+        name, searched LD_LIBRARY_PATH: root ran the constructor of a library
+        nobody owns. Now a path that is not absolute is refused at once: 64
+        for the flag, 78 from the environment."""
+        cwd = self.mkdir(self.path("cwd"))
+        self.write(os.path.join(cwd, "libnvidia-ml.so.1"), "")
+        theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
+        self.planted_lib(theirs, uid=NOBODY)
+        text = "'libnvidia-ml.so.1': give the library's absolute path"
+        env = support.cron_env(PLANTED_MARKER=self.marker, LD_LIBRARY_PATH=theirs)
+        res = self.run_gp(self.gpu_args("--nvml-lib", "libnvidia-ml.so.1"), env, cwd=cwd)
+        self.assertFalse(os.path.exists(self.marker), "the planted library ran as root")
+        self.assertEqual(res.code, 64, res)
+        self.assertIn("--nvml-lib: " + text, res.stderr)
+        self.sink.messages(wait=0.01)
+        env["GPU_PREFLIGHT_NVML_LIB"] = "libnvidia-ml.so.1"
+        res = self.run_gp(self.gpu_args(), env, cwd=cwd)
+        self.assertFalse(os.path.exists(self.marker), "the planted library ran as root")
+        self.assertSkip(res, 78, "config", "GPU_PREFLIGHT_NVML_LIB: " + text)
+
     def test_a_trusted_library_is_loaded(self):
         lib = self.planted_lib(self.mkdir(self.path("lib")))
         res = self.run_gp(self.gpu_args("--nvml-lib", lib),
@@ -198,6 +221,24 @@ class LockFileTest(TrustCase):
         os.chown(lock, 0, 0)
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
         self.assertEqual(res.code, 0, res)
+
+    def test_a_hard_link_at_the_lock_path_is_refused_and_its_file_left_alone(self):
+        """A lock path that is another name of a root file (a hard link in a
+        sticky directory to /etc/passwd, say) was chmod-ed 0600 and locked;
+        now 78, the file untouched. nobody plants the link where
+        fs.protected_hardlinks=0 lets it; where that is 1 (the usual default)
+        root makes it: the tool must not use it, whoever made it."""
+        os.chmod(self.dir, 0o755)               # nobody may reach the target
+        target = self.write(self.path("passwd"), "root:x:0:0::/root:/bin/sh\n")
+        lock = os.path.join(self.mkdir(self.path("lock"), 0o1777), "gpu0.lock")
+        setpriv = support.require_tool(self, "setpriv")
+        if subprocess.call([setpriv, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY,
+                            "--clear-groups", "/bin/ln", target, lock],
+                           stderr=subprocess.DEVNULL) != 0:
+            os.link(target, lock)               # protected_hardlinks refused nobody
+        res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
+        self.assertSkip(res, 78, "lock", "lock file %s: a hard link (2 names)" % lock)
+        self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o644)
 
 
 class NotRootTest(TrustCase):

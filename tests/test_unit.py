@@ -258,8 +258,11 @@ class GpuParseTest(unittest.TestCase):
         for bad in ("", "gpu0", "0;1", "-1"):
             with self.assertRaises(ValueError):
                 gp.parse_gpu_ids(bad)
-        with self.assertRaises(ValueError):
-            gp.parse_nvml_lib("/usr/local/cuda/lib64/stubs/libnvidia-ml.so")
+        for bad in ("/usr/local/cuda/lib64/stubs/libnvidia-ml.so", "libnvidia-ml.so.1",
+                    "./libnvidia-ml.so.1", "lib/libnvidia-ml.so.1"):   # dlopen searches
+            with self.assertRaises(ValueError):
+                gp.parse_nvml_lib(bad)
+        self.assertEqual(gp.parse_nvml_lib("/opt/l.so"), "/opt/l.so")
 
     def test_selection(self):
         gpus = [gp.gpu_record(i, "GPU-" + c, "x") for i, c in enumerate("abc")]
@@ -544,12 +547,19 @@ class StateKeyTest(unittest.TestCase):
         for name in ("verbose", "json", "metrics-file", "quiet", "debug"):
             self.assertEqual(roles[name], gp.HOW, name)
 
-    def test_the_token_and_the_gpus_the_environment_selects_change_the_key(self):
+    def test_the_token_and_the_environment_that_changes_the_check_change_the_key(self):
+        # the GPUs selected, the sysfs root, the CA store without --cafile,
+        # urllib's proxies, where nvidia-smi (PATH) and NVML are found
         base = self.key()
         self.assertNotEqual(self.key(token="a"), base)
         self.assertNotEqual(self.key(token="a"), self.key(token="b"))
-        for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_PREFLIGHT_ROOT"):
-            self.assertNotEqual(self.key(env={var: "GPU-1"}), base, var)
+        for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "GPU_PREFLIGHT_ROOT",
+                    "SSL_CERT_FILE", "SSL_CERT_DIR", "http_proxy", "HTTPS_PROXY",
+                    "no_proxy", "NO_PROXY", "PATH", "LD_LIBRARY_PATH"):
+            with self.subTest(var=var):
+                self.assertNotEqual(self.key(env={var: "/x"}), base)
+                self.assertNotEqual(self.key(env={var: "/x"}), self.key(env={var: "/y"}))
+        self.assertEqual(self.key(env={"HOME": "/x", "LANG": "C.UTF-8"}), base)
 
 
 class RedactTest(unittest.TestCase):
