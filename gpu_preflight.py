@@ -2190,8 +2190,9 @@ def read_state(path):
 
 def metrics_text(run, skips, now):
     """Prometheus text: each family once, HELP and TYPE, no timestamps (node_exporter)."""
-    def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
-        text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
+    def label(value):       # the token hidden first (a server names models), then
+        # UTF-8 only: a name from a non-UTF-8 argv shows escaped
+        text = redact(str(value or "")).encode("utf-8", "backslashreplace").decode("utf-8")
         return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
     host = 'host="%s"' % label(run.opts.host)
