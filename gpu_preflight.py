@@ -987,14 +987,26 @@ def check_openai(run, client):
             if outcome != "done":
                 ask_openai(run, client, model, "embedding")
     check_requirements(run, observed=True)
-    if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
-                                   for m in run.models):
+    if len(run.models) > 1 and any(router_state(m["entry"]) for m in run.models):
         with run.step("placement", what="GET /v1/models") as budget:
             now = served_models(client.json("GET", "/v1/models", budget))
-            unloaded(run, [m for m in run.models if not any(
-                _name(e) == m["name"] and (e.get("status") or {}).get("value") == "loaded"
-                for e in now)], "llama-server's --models-max too low: raise it")
+            states = [set(router_state(e) for e in now if e["name"] == m["name"])
+                      for m in run.models]      # empty: no longer listed
+            unknown = [m["name"] for m, s in zip(run.models, states) if s == {None}]
+            if unknown:
+                run.notes.append("load state of %s not reported" % ", ".join(unknown))
+            unloaded(run, [m for m, s in zip(run.models, states) if not s & {"loaded", None}],
+                     "llama-server's --models-max too low: raise it")
     return answered(run)
+
+
+def router_state(entry):
+    """A /v1/models entry's load state as llama-server's router reports it,
+    status {"value": "loaded", ...} (llama.cpp tools/server/server-models.cpp),
+    or None: any other status (a string, a number, a list, true) says nothing."""
+    status = entry.get("status")
+    value = status.get("value") if isinstance(status, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def served_models(doc):
