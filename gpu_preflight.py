@@ -2453,17 +2453,24 @@ def syslog_message(line, severity, facility, udp, now=None):
 
 def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
     """Send one line (UDP: to udp_target, resolved); an error or None, within
-    wait. A stream socket (syslog-ng's unix-stream, some containers) gets what
-    glibc's syslog(3) sends it: the message and a NUL byte."""
+    wait. A local datagram socket is connected first, as glibc's syslog(3)
+    does: only then does poll() wait for a full queue (a busy daemon, or one
+    flooded) to take the line, where an unconnected send fails at once. A
+    stream socket (syslog-ng's unix-stream, some containers) gets what
+    syslog(3) sends it: the message and a NUL byte."""
     udp, sock = isinstance(address, tuple), None
     if udp and udp_target is None:
         return "cannot resolve syslog host %s in time" % address[0]
     message = syslog_message(line, severity, facility, udp)
     try:
         sock = socket.socket(udp_target[0] if udp else socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
+        sock.settimeout(max(wait, 0.001))   # Python polls and resends until then
         try:
-            sock.sendto(message, udp_target[1] if udp else address)
+            if udp:
+                sock.sendto(message, udp_target[1])
+            else:
+                sock.connect(address)
+                sock.send(message)
             return None
         except OSError as exc:
             if udp or exc.errno != errno.EPROTOTYPE:
