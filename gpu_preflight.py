@@ -2431,8 +2431,8 @@ def redact(text, server_text=True):
 #: syslog severities used: ready, skipped, configuration or internal error.
 SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
 
-#: The most a UDP collector's name lookup, or a local stream socket, may
-#: hold the exit after the verdict (never past the deadline).
+#: The most a UDP collector's name lookup, or a local log socket (a stream,
+#: or a full queue), may hold the exit after the verdict (never past the deadline).
 SYSLOG_WAIT = 0.2
 
 
