@@ -999,14 +999,26 @@ def check_openai(run, client):
             if outcome != "done":
                 ask_openai(run, client, model, "embedding")
     check_requirements(run, observed=True)
-    if len(run.models) > 1 and any(isinstance(m["entry"].get("status"), dict)
-                                   for m in run.models):
+    if len(run.models) > 1 and any(router_state(m["entry"]) for m in run.models):
         with run.step("placement", what="GET /v1/models") as budget:
             now = served_models(client.json("GET", "/v1/models", budget))
-            unloaded(run, [m for m in run.models if not any(
-                _name(e) == m["name"] and (e.get("status") or {}).get("value") == "loaded"
-                for e in now)], "llama-server's --models-max too low: raise it")
+            states = [set(router_state(e) for e in now if e["name"] == m["name"])
+                      for m in run.models]      # empty: no longer listed
+            unknown = [m["name"] for m, s in zip(run.models, states) if s == {None}]
+            if unknown:
+                run.notes.append("load state of %s not reported" % ", ".join(unknown))
+            unloaded(run, [m for m, s in zip(run.models, states) if not s & {"loaded", None}],
+                     "llama-server's --models-max too low: raise it")
     return answered(run)
+
+
+def router_state(entry):
+    """A /v1/models entry's load state as llama-server's router reports it,
+    status {"value": "loaded", ...} (llama.cpp tools/server/server-models.cpp),
+    or None: any other status (a string, a number, a list, true) says nothing."""
+    status = entry.get("status")
+    value = status.get("value") if isinstance(status, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def served_models(doc):
@@ -2212,8 +2224,9 @@ def read_state(path):
 
 def metrics_text(run, skips, now):
     """Prometheus text: each family once, HELP and TYPE, no timestamps (node_exporter)."""
-    def label(value):       # UTF-8 only: a name from a non-UTF-8 argv shows escaped
-        text = str(value or "").encode("utf-8", "backslashreplace").decode("utf-8")
+    def label(value):       # the token hidden first (a server names models), then
+        # UTF-8 only: a name from a non-UTF-8 argv shows escaped
+        text = redact(str(value or "")).encode("utf-8", "backslashreplace").decode("utf-8")
         return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
     host = 'host="%s"' % label(run.opts.host)
@@ -2444,8 +2457,8 @@ def redact(text, server_text=True):
 #: syslog severities used: ready, skipped, configuration or internal error.
 SEV_INFO, SEV_WARNING, SEV_ERR = 6, 4, 3
 
-#: The most a UDP collector's name lookup, or a local stream socket, may
-#: hold the exit after the verdict (never past the deadline).
+#: The most a UDP collector's name lookup, or a local log socket (a stream,
+#: or a full queue), may hold the exit after the verdict (never past the deadline).
 SYSLOG_WAIT = 0.2
 
 
@@ -2466,17 +2479,24 @@ def syslog_message(line, severity, facility, udp, now=None):
 
 def send_syslog(line, severity, facility, address, udp_target=None, wait=SYSLOG_WAIT):
     """Send one line (UDP: to udp_target, resolved); an error or None, within
-    wait. A stream socket (syslog-ng's unix-stream, some containers) gets what
-    glibc's syslog(3) sends it: the message and a NUL byte."""
+    wait. A local datagram socket is connected first, as glibc's syslog(3)
+    does: only then does poll() wait for a full queue (a busy daemon, or one
+    flooded) to take the line, where an unconnected send fails at once. A
+    stream socket (syslog-ng's unix-stream, some containers) gets what
+    syslog(3) sends it: the message and a NUL byte."""
     udp, sock = isinstance(address, tuple), None
     if udp and udp_target is None:
         return "cannot resolve syslog host %s in time" % address[0]
     message = syslog_message(line, severity, facility, udp)
     try:
         sock = socket.socket(udp_target[0] if udp else socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setblocking(False)
+        sock.settimeout(max(wait, 0.001))   # Python polls and resends until then
         try:
-            sock.sendto(message, udp_target[1] if udp else address)
+            if udp:
+                sock.sendto(message, udp_target[1])
+            else:
+                sock.connect(address)
+                sock.send(message)
             return None
         except OSError as exc:
             if udp or exc.errno != errno.EPROTOTYPE:

@@ -628,6 +628,24 @@ class OpenAIModelsTest(ModelsCase):
         res = self.check_openai(emu, "--model", "qwen2.5-0.5b")
         self.verdict(res, 75, "out of memory")
 
+    def test_a_status_that_is_not_an_object_is_an_unknown_load_state(self):
+        """Two models, one listed with llama-server's router status object, the other
+        with a status that is a string, a number, a list or true: no internal error
+        (70). That model's load state is unknown (ready, and said so); the other,
+        when its status says unloaded, is still not ready (75)."""
+        for status in ("loaded", 1, ["loaded"], True):
+            for state, code, text in (("loaded", 0, "load state of b not reported"),
+                                      ("unloaded", 75, "a was unloaded")):
+                with self.subTest(status=status, other=state):
+                    self.drain()
+                    listing = json.dumps({"data": [{"id": "a", "status": {"value": state}},
+                                                   {"id": "b", "status": status}]}).encode()
+                    url = self.scripted_server(lambda method, path, n, listing=listing: (
+                        200, listing if path == "/v1/models" else b'{"choices": [{}]}'))
+                    res = self.check(url, "--api", "openai", "--model", "a", "--model", "b")
+                    fields = self.verdict(res, code, text)
+                    self.assertEqual(fields["stage"], "placement" if code else "-")
+
     def test_every_missing_model_is_named(self):
         emu = self.openai(models=("qwen2.5-0.5b",))
         res = self.check_openai(emu, "--model", "qwen2.5-0.5b", "--model", "bge-m3",

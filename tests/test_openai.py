@@ -187,6 +187,26 @@ class TokenTest(OpenAICase):
             self.assertNotIn(TOKEN, text)
         self.assertIn("bad key [token]", res.stdout)
 
+    def test_a_model_the_server_names_with_the_token_shows_as_token_in_the_metrics(self):
+        """A server listing the token as a model (no --model: the first listed is
+        checked): the metrics file, readable by all, says [token] in its labels as
+        every other output does, never the token."""
+        def answer(method, path, n):
+            if path == "/v1/models":
+                return 200, json.dumps({"data": [{"id": TOKEN}]}).encode()
+            return 200, b'{"choices": [{"text": "x"}]}'
+        metrics = os.path.join(self.dir, "gpu.prom")
+        res = self.check(self.scripted_server(answer), "--metrics-file", metrics, "--json",
+                         "-v", env=support.cron_env(GPU_PREFLIGHT_TOKEN=TOKEN))
+        self.assertEqual(res.code, 0, res)
+        with open(metrics) as handle:
+            text = handle.read()
+        self.assertIn('model="[token]"', text)
+        messages = self.sink.messages()
+        self.assertEqual(len(messages), 1, messages)
+        for shown in [text, res.stdout, res.stderr] + messages:
+            self.assertNotIn(TOKEN, shown)
+
     def test_an_echoed_token_never_shows_a_piece_of_itself(self):
         # issue 9.8 and 9.9: redaction comes before any cut or escaping, and
         # covers every 8 characters of the token, in every output and the state

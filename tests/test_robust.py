@@ -258,6 +258,69 @@ class OutputTest(ContractCase):
         self.assertEqual((res.code, res.stderr), (0, ""), "a ready run stays silent")
 
 
+    def full_log_socket(self):
+        """The test's log socket, its receive queue filled by a connected sender
+        until Linux says EAGAIN (net.unix.max_dgram_qlen datagrams)."""
+        filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.addCleanup(filler.close)
+        filler.connect(self.sink.path)
+        filler.setblocking(False)
+        for _ in range(100000):
+            try:
+                filler.send(b"<14>filler")
+            except BlockingIOError:
+                return self.sink.path
+        self.fail("the log socket's queue never filled")
+
+    def test_a_busy_log_socket_that_reads_again_soon_gets_the_ready_line(self):
+        """A syslog daemon whose socket's queue is full (busy, or flooded by any
+        user) and that reads again while the script waits (up to 0.2 s) gets the
+        ready line; one non-blocking send lost it."""
+        emu = self.emulator()
+        proc = subprocess.Popen(
+            [sys.executable, support.SCRIPT, "--host", emu.url, "--syslog-address",
+             self.full_log_socket()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=support.cron_env(), start_new_session=True)
+        while proc.poll() is None and not holds_connected_datagram_socket(proc.pid):
+            time.sleep(0.005)       # until it has connected to the log socket,
+        time.sleep(0.05)            # and met the full queue
+        got = self.sink.messages(wait=0.5)
+        out, err = proc.communicate(timeout=30)
+        got += self.sink.messages(wait=0.01)
+        self.assertEqual((proc.returncode, out, err), (0, b"", b""))
+        self.assertEqual(len([m for m in got if "result=ready code=0" in m]), 1, got)
+
+    def test_a_log_socket_that_stays_full_costs_the_wait_not_the_verdict(self):
+        """Never read: the run keeps its deadline and its verdict, -v says the send
+        timed out, and a skip goes to stderr as where no daemon listens."""
+        path = self.full_log_socket()
+        emu = self.emulator()
+        res = support.run_script(["--host", emu.url, "--syslog-address", path,
+                                  "--deadline", "2", "-v"])
+        self.assertEqual(res.code, 0, res)
+        self.assertLess(res.elapsed, 2 + SLACK, res)
+        self.assertIn("result=ready code=0", res.stderr)
+        self.assertIn("warning: syslog %s: timed out; no syslog daemon" % path, res.stderr)
+        res = support.run_script(["--host", "127.0.0.1:%d" % free_port(),
+                                  "--syslog-address", path, "--deadline", "2"])
+        self.assertEqual(res.code, 69, res)
+        self.assertLess(res.elapsed, 2 + SLACK, res)
+        self.assertRegex(res.stderr, r"^gpu_preflight: result=skip code=69 stage=tags ")
+
+
+def holds_connected_datagram_socket(pid):
+    """Whether process pid holds a connected UNIX datagram socket, as a syslog
+    client does once connected to the log socket (/proc/net/unix: Type 0002, St 03)."""
+    try:
+        inodes = set(os.readlink("/proc/%d/fd/%s" % (pid, fd))[8:-1]
+                     for fd in os.listdir("/proc/%d/fd" % pid))
+    except OSError:             # it exited, or closed that descriptor meanwhile
+        return False
+    with open("/proc/net/unix") as handle:
+        return any(f[4:6] == ["0002", "03"] and f[6] in inodes
+                   for f in (line.split() for line in handle))
+
+
 class NewcomerTest(ContractCase):
     """Issue 13 items 3, 5 and 6: messages that say what to do."""
 

@@ -79,6 +79,21 @@ class ModelNameTest(unittest.TestCase):
         self.assertFalse(gp.same_model("llama3", "llama3.2"))
 
 
+class RouterStateTest(unittest.TestCase):
+    def test_only_a_status_object_with_a_string_value_says_a_load_state(self):
+        """llama-server's router lists each model with status {"value": "loaded",
+        "args": [...], ...} (multi-model.md B6); any other status, or none, says
+        nothing (None) and raises nothing."""
+        cases = [({"value": "loaded", "args": []}, "loaded"),
+                 ({"value": "unloaded"}, "unloaded"), ("loaded", None), (1, None),
+                 (0, None), (True, None), (["loaded"], None), (None, None), ({}, None),
+                 ({"value": 7}, None), ({"value": ["loaded"]}, None)]
+        for status, state in cases:
+            with self.subTest(status=status):
+                self.assertEqual(gp.router_state({"id": "m", "status": status}), state)
+        self.assertIsNone(gp.router_state({"id": "m"}))
+
+
 class ValueParserTest(unittest.TestCase):
     def test_keep_alive_forms_ollama_accepts(self):
         self.assertEqual(gp.parse_keep_alive("-1"), -1)
