@@ -120,6 +120,27 @@ def prepared(argv, ignored=(), umask=None, closed=(), uid=None):
             "" if uid is None else str(uid)] + list(argv)
 
 
+def wait_for_flock(paths, timeout=20.0):
+    """Wait until some process holds a flock on one of paths (a callable that
+    lists them, or a list), as /proc/locks shows it: a test then knows that a
+    run started in the background has its lock, however loaded the machine."""
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        inodes = set()
+        for path in paths() if callable(paths) else paths:
+            try:
+                inodes.add(os.stat(path).st_ino)
+            except OSError:
+                pass
+        with open("/proc/locks") as handle:
+            held = set(int(line.split()[5].rsplit(":", 1)[1]) for line in handle
+                       if line.split()[1:2] == ["FLOCK"])
+        if inodes & held:
+            return
+        time.sleep(0.02)
+    raise AssertionError("no flock on %r within %ss" % (paths, timeout))
+
+
 def sig_mask(signums):
     """The /proc/PID/status SigIgn/SigBlk hex mask of these signals."""
     return "%016x" % sum(1 << (int(s) - 1) for s in signums)

@@ -238,7 +238,10 @@ class NvmlTest(GpuCase):
              self.lib, "--gpu-backend", "nvml", "--syslog-address", self.sink.path],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, start_new_session=True)
-        time.sleep(0.8)
+        ends = time.monotonic() + 20        # until the probe is forked (and hangs)
+        while len(self.leftover_probes()) < 2 and time.monotonic() < ends:
+            time.sleep(0.02)
+        time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
         self.assertEqual(proc.returncode, 143)

@@ -3,6 +3,7 @@
 driving the real script as a subprocess against the loopback emulator.
 """
 
+import glob
 import json
 import os
 import re
@@ -171,7 +172,7 @@ class LockTest(JobCase):
         emu = self.emulator(mode="cold", load_seconds=2)
         lock = self.path("gpu.lock")
         first = self.start(["--host", emu.url, "--timeout", "5", "--lock", lock])
-        time.sleep(0.8)
+        support.wait_for_flock([lock])
         res = self.run_gp(["--host", emu.url, "--lock", lock, "--deadline", "3"])
         self.assertEqual(res.code, 75, res)
         self.assertLess(res.elapsed, 3 + SLACK)
@@ -248,8 +249,10 @@ class LockTest(JobCase):
                 "--log-changes-only", "--metrics-file", self.path("m.prom")]
         self.assertEqual(self.run_gp(args).code, 0)
         self.assertEqual(len(self.sink.messages()), 1)
-        job = self.start(args + ["--", "/bin/sleep", "3"])
-        time.sleep(1.0)
+        release = self.path("release")      # the job holds the lock until then
+        job = self.start(args + ["--", "/bin/sh", "-c",
+                                 'while [ ! -e "$0" ]; do sleep 0.05; done', release])
+        support.wait_for_flock([lock])
         self.sink.messages(wait=0.2)
         with open(self.path("m.prom")) as handle:
             before = handle.read()
@@ -258,6 +261,7 @@ class LockTest(JobCase):
         lines = self.sink.messages(wait=0.3)
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("locked by another job", lines[0])
+        open(release, "w").close()
         with open(self.path("m.prom")) as handle:
             self.assertEqual(handle.read(), before, "a lock conflict rewrote the metrics")
         self.assertEqual(self.finish(job)[0], 0)
@@ -277,14 +281,16 @@ class LockTest(JobCase):
         self.assertEqual(self.finish(job)[0], 75)         # busy: logged, no job
         self.assertIn("server busy", self.sink.messages()[0])
         emu.mode = "healthy"
-        job = self.start(args + ["--", "/bin/sleep", "3"])
-        time.sleep(1.0)
-        self.sink.messages(wait=0.2)
+        release = self.path("release")      # the job holds the lock until then
+        job = self.start(args + ["--", "/bin/sh", "-c",
+                                 'while [ ! -e "$0" ]; do sleep 0.05; done', release])
+        self.assertIn("result=ready", self.sink.messages(wait=20)[0])
         for _ in range(2):
             self.assertEqual(self.run_gp(args).code, 75)
         lines = self.sink.messages(wait=0.3)
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("locked by another job", lines[0])
+        open(release, "w").close()
         self.assertEqual(self.finish(job)[0], 0)
         emu.mode = "busy"
         self.assertEqual(self.run_gp(args).code, 75)      # real 75 after a lock's 75
@@ -395,7 +401,7 @@ class ShareResultTest(JobCase):
         args = ["--host", "127.0.0.1:%d" % port, "--share-result", "60",
                 "--state-dir", self.state, "--timeout", "1.5"]
         first = self.start(args + ["--no-syslog"])
-        time.sleep(0.5)
+        support.wait_for_flock(lambda: glob.glob(os.path.join(self.state, "*.lock")))
         waiter = self.start(args + ["--wait", "20", "--json"])
         self.assertEqual(self.finish(first)[0], 75)
         hang.stop()

@@ -13,6 +13,7 @@ code the review looked at and pass once each finding is fixed. Root only
 (they plant files as uid 65534, nobody), like test_trust.
 """
 
+import glob
 import http.server
 import json
 import os
@@ -223,7 +224,8 @@ class SharedDeadlineTest(TrustCase):
                                  + ["--deadline", "1"], env=support.cron_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addCleanup(first.wait)
-        time.sleep(0.4)          # the first caller's check is in flight
+        support.wait_for_flock(     # the first caller's check is in flight
+            lambda: glob.glob(os.path.join(state, "*.lock")))
         res = self.run_gp(common + ["--deadline", "30"], log=False)
         self.assertEqual(res.code, 0, res)
 
