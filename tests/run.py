@@ -28,7 +28,9 @@ happens in a private mount namespace where /etc/gpu_preflight.conf is a
 planted config that no test may read (it has an unknown key: a run that reads
 it fails) and /dev/log is a socket this runner watches: a line that arrives
 there is a failure (each test must log to its own socket). /etc and /dev are
-overlays there, so nothing a test writes below them reaches the machine.
+overlays there, so nothing a test writes below them reaches the machine; and
+a file a test writes in the machine's state directory (/run/gpu_preflight,
+root's default --state-dir) is a failure too.
 
 The last line is "total: N passed, N failed, N skipped" (tests, a test with
 a failing subtest counted once); the exit status is 0 only when nothing
@@ -59,13 +61,14 @@ EACH, ONCE = "test*.py", "once_*.py"      # per interpreter; once per run
 ONCE_PYTHON = "/usr/bin/python3"
 SEALED = "GPU_PREFLIGHT_TESTS_SEALED"        # set inside the sealed namespace
 
-#: Inside a private mount namespace, before the run: /etc and /dev become
-#: overlays over the machine's own, with a planted config in /etc and /dev's
-#: own mounts (pts, shm, mqueue, hugepages) bound back in.
+#: Inside a private mount namespace, before the run: /etc, /dev and /run
+#: become overlays over the machine's own, with a planted config in /etc, and
+#: the mounts below /dev and /run bound back in.
 SEAL = r"""set -e
 top=$1; shift
 mount -t tmpfs -o mode=700 gpfl-sealed "$top"
-mkdir "$top/etc" "$top/etc.work" "$top/dev" "$top/dev.work" "$top/host-dev"
+mkdir "$top/etc" "$top/etc.work" "$top/dev" "$top/dev.work" "$top/host-dev" \
+    "$top/run" "$top/run.work" "$top/host-run"
 printf '%s\n' '# planted by tests/run.py: a test read the host config' \
     '[gpu_preflight]' 'planted-by-the-test-runner = no test may read this file' \
     > "$top/etc/gpu_preflight.conf"
@@ -77,6 +80,12 @@ for sub in pts shm mqueue hugepages; do
         mount --rbind "$top/host-dev/$sub" "/dev/$sub"
     fi
 done
+mount --rbind /run "$top/host-run"
+findmnt -rn -o TARGET -R /run | grep '^/run/' | sort -u > "$top/run-mounts"
+mount -t overlay overlay -o "lowerdir=/run,upperdir=$top/run,workdir=$top/run.work" /run
+while read -r sub; do
+    mount --rbind "$top/host-run${sub#/run}" "$sub" || true
+done < "$top/run-mounts"
 exec "$@"
 """
 
@@ -446,10 +455,14 @@ class LogWatch(threading.Thread):
             self.lines.append(data.decode("ascii", "replace"))
 
     def check(self):
-        """A failure line per line that arrived (after a moment for stragglers)."""
+        """A failure line per line that arrived (after a moment for stragglers),
+        and one per file written in the machine's state directory."""
         time.sleep(0.2)
+        state = os.path.join(os.environ[SEALED], "run", "gpu_preflight")
         return ["a test wrote to the host's /dev/log: %r" % line[:300]
-                for line in self.lines]
+                for line in self.lines] + [
+            "a test wrote in the host's state directory: /run/gpu_preflight/%s" % name
+            for name in (sorted(os.listdir(state)) if os.path.isdir(state) else ())]
 
 
 def main(argv=None):
@@ -507,7 +520,8 @@ def main(argv=None):
 
     print("interpreters: %s" % ", ".join(versions[p] or p for p in pythons))
     if watch:
-        print("sealed: /etc/gpu_preflight.conf planted, /dev/log watched")
+        print("sealed: /etc/gpu_preflight.conf planted, /dev/log and "
+              "/run/gpu_preflight watched")
     if once:
         print("once per run, under %s (%s): %s"
               % (once.python, once.version, ", ".join(once_modules)))

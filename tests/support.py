@@ -5,11 +5,12 @@ environment of only PATH=/usr/bin:/bin (no LANG, so the C locale), no TTY on
 any stream, and a session of its own. SyslogSink is a real UNIX datagram
 socket that receives what the script logs.
 
-Hermetic: no run reads the host's /etc/gpu_preflight.conf or writes to the
-host's /dev/log. cron_env() names a config file of comments only and a log
-socket nobody listens on (as on a host with no syslog daemon), both in a
-directory of this test process's; a test that wants a log passes its own
---syslog-address, one that wants a config names its own. tests/run.py proves
+Hermetic: no run reads the host's /etc/gpu_preflight.conf, writes to the
+host's /dev/log or keeps state in /run/gpu_preflight. cron_env() names a
+config file of comments only, a log socket nobody listens on (as on a host
+with no syslog daemon) and a state directory, all in a directory of this test
+process's; a test that wants a log passes its own --syslog-address, one that
+wants a config or state directory names its own. tests/run.py proves
 it: the suite runs where /etc/gpu_preflight.conf is planted and /dev/log is
 watched.
 """
@@ -22,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -42,31 +44,40 @@ def load_script():
     return module
 
 
-_hermetic = []
+_hermetic, _hermetic_lock = [], threading.Lock()     # tests run cases in threads
 
 
 def hermetic_dir():
-    """This test process's stand-ins for the host's config file and log
-    socket: (directory, config of comments only, a log path with no listener)."""
+    """This test process's stand-ins for the host's config file, log socket
+    and state directory: (directory, a config of comments only, a log path
+    nobody listens on, a state directory)."""
+    with _hermetic_lock:
+        return _make_hermetic()
+
+
+def _make_hermetic():
     if not _hermetic:
         directory = tempfile.mkdtemp(prefix="gpfl-hermetic-")
         os.chmod(directory, 0o755)          # runs as nobody read the config too
         atexit.register(shutil.rmtree, directory, True)
+        os.mkdir(os.path.join(directory, "state"), 0o700)
         config = os.path.join(directory, "gpu_preflight.conf")
         with open(config, "w") as handle:
             handle.write("# the tests' own: the host's config is never read\n"
                          "[gpu_preflight]\n")
         os.chmod(config, 0o644)
-        _hermetic.extend([directory, config, os.path.join(directory, "no-daemon.sock")])
+        _hermetic.extend([directory, config, os.path.join(directory, "no-daemon.sock"),
+                          os.path.join(directory, "state")])
     return tuple(_hermetic)
 
 
 def cron_env(**extra):
     """The environment cron gives a job, plus what a test adds; kept off the
-    host's config file and log socket (a value of None drops a variable)."""
-    _, config, log = hermetic_dir()
+    host's config file, log socket and state directory (a value of None drops
+    a variable)."""
+    _, config, log, state = hermetic_dir()
     env = {"PATH": "/usr/bin:/bin", "GPU_PREFLIGHT_CONFIG": config,
-           "GPU_PREFLIGHT_SYSLOG_ADDRESS": log}
+           "GPU_PREFLIGHT_SYSLOG_ADDRESS": log, "GPU_PREFLIGHT_STATE_DIR": state}
     env.update(extra)
     return dict((name, value) for name, value in env.items() if value is not None)
 
@@ -146,11 +157,12 @@ def sig_mask(signums):
     return "%016x" % sum(1 << (int(s) - 1) for s in signums)
 
 
-def run_script(args, env=None, timeout=60, python=None, cwd="/"):
-    """Run gpu_preflight.py under cron-like conditions; return a Result."""
+def run_script(args, env=None, timeout=60, python=None, cwd="/", wrapper=()):
+    """Run gpu_preflight.py under cron-like conditions (behind a wrapper
+    command, if given); return a Result."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [python or sys.executable, SCRIPT] + list(args),
+        list(wrapper) + [python or sys.executable, SCRIPT] + list(args),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=cron_env() if env is None else env,
         cwd=cwd, start_new_session=True)

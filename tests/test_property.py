@@ -989,7 +989,8 @@ def fill(text, ctx):
 def command_line(case, ctx, sink_path):
     """argv and environment of the run."""
     argv = list(case.cli_extra)
-    env = support.cron_env(XDG_RUNTIME_DIR=ctx["xdg"], GPU_PREFLIGHT_ROOT=ctx["amd_root"])
+    env = support.cron_env(XDG_RUNTIME_DIR=ctx["xdg"], GPU_PREFLIGHT_ROOT=ctx["amd_root"],
+                           GPU_PREFLIGHT_STATE_DIR=None)
     env.update((k, fill(v, ctx)) for k, v in case.env.items())
     for option, places in sorted(case.placed.items()):
         for where, (text, _) in places.items():

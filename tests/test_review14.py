@@ -134,8 +134,9 @@ class TestInstallReview14(InstallTestCase):
                                         destdir=stage))
         os.rename(stage + final, final)
         self.set_prefix("", final)
-        proc = subprocess.run(       # the first run, as root, under umask 000
-            support.prepared([self.target, "--version"], umask=0o000),
+        first_run_as_root = support.prepared([self.target, "--version"], umask=0o000)
+        proc = subprocess.run(
+            first_run_as_root,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=support.cron_env(), cwd="/", timeout=60)
         self.assertEqual(proc.returncode, 0, proc.stderr)

@@ -150,9 +150,15 @@ class StateDirTest(TrustCase):
         # root with a user's XDG_RUNTIME_DIR (su without -): that user can swap
         # the state directory between the check and the read (a race that
         # plants a ready verdict); root must keep no state below it
+        # (root's fallback, /run/gpu_preflight, is a tmpfs of this run's own)
         runtime = self.mkdir(self.path("run-user-1000"), 0o700, uid=NOBODY)
-        res = self.run_gp(["--host", self.emu.url, "--share-result", "60"],
-                          env=support.cron_env(XDG_RUNTIME_DIR=runtime))
+        unshare = support.require_tool(self, "unshare")
+        res = support.run_script(
+            ["--host", self.emu.url, "--share-result", "60", "--syslog-address",
+             self.sink.path], env=support.cron_env(XDG_RUNTIME_DIR=runtime,
+                                                   GPU_PREFLIGHT_STATE_DIR=None),
+            wrapper=(unshare, "--mount", "--propagation", "private", "/bin/sh", "-c",
+                     'mount -t tmpfs none /run && exec "$@"', "sh"))
         self.assertEqual(res.code, 0, res)
         self.assertEqual(os.listdir(runtime), [], "state kept under nobody's directory")
 
