@@ -73,15 +73,19 @@ ln -s /proc/self/fd/2 /dev/stderr
 : > /dev/log
 mount --bind "$sock" /dev/log
 mount --bind "$work/cron.d" /etc/cron.d
-if [ -e /etc/gpu_preflight.conf ]; then    # the machine's: a test never reads it
-    printf '[gpu_preflight]\n' > "$work/gpu_preflight.conf"
-    mount --bind "$work/gpu_preflight.conf" /etc/gpu_preflight.conf
-fi
 if [ -e /etc/crontab ]; then mount --bind "$work/crontab" /etc/crontab; fi
 if [ -d /var/spool/cron/crontabs ]; then
     mount --bind "$work/spool" /var/spool/cron/crontabs
 fi
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /run
+"""
+# This test's own: the machine's config is covered (once_cron_readme.py
+# plants the README's there before NAMESPACE_MOUNTS).
+HIDE_CONFIG = r"""
+if [ -e /etc/gpu_preflight.conf ]; then
+    printf '[gpu_preflight]\n' > "$work/gpu_preflight.conf"
+    mount --bind "$work/gpu_preflight.conf" /etc/gpu_preflight.conf
+fi
 """
 CRON_EXEC = r"""
 if [ -n "$lib" ]; then
@@ -89,7 +93,7 @@ if [ -n "$lib" ]; then
 fi
 exec "$cron" -f -L 15
 """
-NAMESPACE_SETUP = NAMESPACE_MOUNTS + CRON_EXEC
+NAMESPACE_SETUP = NAMESPACE_MOUNTS + HIDE_CONFIG + CRON_EXEC
 
 # <PRI>Mmm dd hh:mm:ss TAG[PID]: MSG, as glibc's syslog() and the script send it
 SYSLOG_RE = re.compile(r"^<(\d+)>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d "
