@@ -599,12 +599,18 @@ def choose_models(run, listed, wanted, where=None, listing=None):
     run.model = found[0]
 
 
+#: The most listed names a missing one is compared with (a server may list
+#: 80,000: the comparison must not cost the stage its time).
+MAX_HINTED = 500
+
+
 def missing_hint(missing, names, pull):
     """' (did you mean NAME?)' for the missing names close to a listed one (a
     typo), and ' (ollama pull NAME)' for the others when pull."""
     import difflib              # only here: a name is missing
     short = [n[:-len(":latest")] if n.endswith(":latest") else n for n in names]
-    close = [(difflib.get_close_matches(name, short, 1) or [None])[0] for name in missing]
+    close = [(difflib.get_close_matches(name, [s for s in short if abs(  # a typo's
+        len(s) - len(name)) <= 3][:MAX_HINTED], 1) or [None])[0] for name in missing]
     said = ["did you mean %s?" % " / ".join(c for c in close if c)] if any(close) else []
     if pull and None in close:
         said.append("ollama pull %s" % " / ".join(m for m, c in zip(missing, close) if not c))
@@ -2225,9 +2231,11 @@ def read_state(path):
 def metrics_text(run, skips, now):
     """Prometheus text: each family once, HELP and TYPE, no timestamps (node_exporter)."""
     def label(value):       # the token hidden first (a server names models), then
+        # control characters (C0, C1: a cat of the file runs no escape sequence);
         # UTF-8 only: a name from a non-UTF-8 argv shows escaped
-        text = redact(str(value or "")).encode("utf-8", "backslashreplace").decode("utf-8")
-        return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        text = re.sub("[\x00-\x1f\x7f-\x9f]+", " ", redact(str(value or "")))
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return text.replace("\\", "\\\\").replace('"', '\\"')
 
     host = 'host="%s"' % label(run.opts.host)
     labels = '%s,model="%s"' % (host, label(",".join(run.opts.model)))
@@ -2256,9 +2264,10 @@ def metrics_text(run, skips, now):
 # ---- The report: syslog line, --json, terminal, from one set of facts -------
 
 #: What -v says when the syslog line could not be sent.
-NO_SYSLOG = ("no syslog daemon took the line: install one (rsyslog, syslog-ng, "
-             "systemd-journald) or name a listening socket or UDP collector with "
-             "--syslog-address; until then skips are printed on stderr")
+NO_SYSLOG = ("syslog did not take the line (no daemon, or its queue stayed full): "
+             "run one (rsyslog, syslog-ng, systemd-journald) or name a listening "
+             "socket or UDP collector with --syslog-address; until then skips are "
+             "printed on stderr")
 
 
 def report(run):
@@ -3000,7 +3009,7 @@ def invoked_as(argv0):
     """The script as it was run: its name (gpu_preflight, installed), or
     python3 NAME.py for a .py file; PROG for a name that is not plain ASCII."""
     name = os.path.basename(argv0)
-    name = name if re.match(r"^[A-Za-z0-9_.+-]+$", name) else PROG
+    name = name if re.match(r"^[A-Za-z0-9_.+-]{1,64}\Z", name) else PROG
     return "python3 " + name if name.endswith(".py") else name
 
 
@@ -3293,9 +3302,9 @@ def open_no_follow(path, mode=0o644):
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(fd)
-        raise OSError(0, "a hard link (%d names), perhaps to another file of root's: "
-                      "remove it" % info.st_nlink if stat.S_ISREG(info.st_mode)
-                      else "not a regular file")
+        raise OSError(0, "it has %d names (a hard link, perhaps to another file of "
+                      "root's): give a path of its own" % info.st_nlink
+                      if stat.S_ISREG(info.st_mode) else "not a regular file")
     return fd
 
 

@@ -434,6 +434,15 @@ def seal(argv):
         os.rmdir(top)
 
 
+def is_sealed():
+    """Whether this runner is inside its sealed namespace: the variable names
+    a directory that is the seal's tmpfs here, with the planted config in it
+    (a variable alone may be inherited, and LogWatch replaces /dev/log)."""
+    top = os.environ.get(SEALED, "")
+    return top.startswith("/") and os.path.ismount(top) and os.path.isfile(
+        os.path.join(top, "etc", "gpu_preflight.conf"))
+
+
 class LogWatch(threading.Thread):
     """The sealed namespace's /dev/log: every line a test sent there."""
 
@@ -467,7 +476,7 @@ class LogWatch(threading.Thread):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if "--child" not in argv and SEALED not in os.environ:
+    if "--child" not in argv and not is_sealed():
         code = seal(argv)
         if code is not None:
             return code
@@ -503,7 +512,7 @@ def main(argv=None):
             runs.append(run)
             continue
         runs.append(Run(versions[python], python, versions[python], EACH))
-    watch = LogWatch() if SEALED in os.environ else None
+    watch = LogWatch() if is_sealed() else None
     good = [p for p in pythons if versions[p]]
     once_modules = sorted(os.path.basename(p)[:-3]
                           for p in glob.glob(os.path.join(TESTS, ONCE)))

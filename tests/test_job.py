@@ -525,6 +525,26 @@ def strict_parse(text):
 
 
 class MetricsTest(JobCase):
+    def test_a_model_name_with_control_characters_is_written_without_them(self):
+        """The file is 0644 and an admin cats it: a server-listed model name
+        (no --model) carries no escape sequence, carriage return or C1 byte."""
+        name = "evil\u001b]0;owned\u0007\u001b[2J\r\u009bX:latest"
+        listed = json.dumps({"models": [{"name": name, "model": name, "size": 10,
+                                         "size_vram": 10}]}).encode()
+        url = self.scripted_server(lambda method, path, calls: {
+            "/api/tags": (200, listed), "/api/ps": (200, listed),
+            "/api/generate": (200, json.dumps({"model": name, "response": "!",
+                                               "done": True}).encode())}.get(
+            path, (404, b"404 page not found")))
+        metrics = self.path("gpu.prom")
+        res = self.run_gp(["--host", url, "--state-dir", self.state,
+                           "--metrics-file", metrics])
+        self.assertEqual(res.code, 0, res)
+        with open(metrics, "rb") as handle:
+            text = handle.read()
+        self.assertIn(b'model="evil ]0;owned [2J X:latest"', text)
+        self.assertEqual(re.findall(rb"[\x00-\x09\x0b-\x1f\x7f]|\xc2[\x80-\x9f]", text), [])
+
     def test_metrics_file_is_valid_atomic_readable_and_counts_skips(self):
         metrics = self.path("gpu.prom")
         emu = self.emulator()

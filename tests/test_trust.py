@@ -237,7 +237,7 @@ class LockFileTest(TrustCase):
                            stderr=subprocess.DEVNULL) != 0:
             os.link(target, lock)               # protected_hardlinks refused nobody
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
-        self.assertSkip(res, 78, "lock", "lock file %s: a hard link (2 names)" % lock)
+        self.assertSkip(res, 78, "lock", "lock file %s: it has 2 names (a hard link" % lock)
         self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o644)
 
 

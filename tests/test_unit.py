@@ -63,6 +63,25 @@ class OllamaHostTest(unittest.TestCase):
             self.assertFalse(gp.is_loopback(host), host)
 
 
+class MissingHintTest(unittest.TestCase):
+    def test_a_typo_is_compared_with_a_bounded_number_of_names(self):
+        """A server may list 80,000 names (comparing with each cost 2 s of CPU
+        inside the tags stage, turning a 78 into a time-out): a missing name is
+        compared with at most MAX_HINTED listed names within 3 characters of its
+        length, so a close name past them is not found."""
+        others = ["x%06d:latest" % i for i in range(gp.MAX_HINTED)]   # none close
+        for missing, listed, hint in (
+                (["lama3.2"], ["llama3.2:latest", "qwen3:latest"],
+                 " (did you mean llama3.2?)"),
+                (["lama3.2"], ["llama3.2:latest"] + others, " (did you mean llama3.2?)"),
+                (["lama3.2"], others + ["llama3.2:latest"], " (ollama pull lama3.2)"),
+                (["lama3.2"], ["a-much-longer-name:latest"] * 10 ** 4 + ["llama3.2:latest"],
+                 " (did you mean llama3.2?)"),
+                (["mistral"], ["qwen3:latest"], " (ollama pull mistral)")):
+            with self.subTest(missing=missing, listed=len(listed)):
+                self.assertEqual(gp.missing_hint(missing, listed, True), hint)
+
+
 class ModelNameTest(unittest.TestCase):
     def test_latest_is_implied(self):
         self.assertEqual(gp.normalise_model("llama3.2"), "llama3.2:latest")
