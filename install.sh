@@ -10,13 +10,17 @@
 #   ${DESTDIR}${PREFIX}/bin/gpu_preflight                     (0755)
 # whose #! line names that interpreter: --python, else the system's
 # /usr/bin/python3, else /usr/local/bin/python3, else python3 on PATH (the
-# first that is Python 3.6+). Run as root, it refuses one that other users
-# cannot run (a directory above it closed to them, such as a pyenv under
-# /root), or only warns when --python names it. Each run loads the cached
-# bytecode instead of compiling 2,500 lines. The launcher passes the process
-# start time to main(), so --deadline still counts from process start. If no
-# config file exists yet, an example goes to ${DESTDIR}${SYSCONFDIR}/
-# gpu_preflight.conf (0644); an existing config is never touched.
+# first that is Python 3.6+; a PATH entry that is not absolute is skipped).
+# Run as root, it runs no candidate that another user could have changed, and
+# refuses one that other users cannot run (a directory on its way, link by
+# link, closed to them, such as a pyenv under /root; or, where setpriv can
+# tell, one that fails to start as user nobody), or only warns when --python
+# (or --no-python-check, where nothing is run) names it. Each run loads the
+# cached bytecode instead of compiling 2,500 lines. The launcher passes the
+# process start time to main(), so --deadline still counts from process
+# start. If no config file exists yet, an example goes to
+# ${DESTDIR}${SYSCONFDIR}/gpu_preflight.conf (0644); an existing config is
+# never touched.
 #
 # The cache is written with the final path (without DESTDIR) as its source
 # name, and on Python 3.7+ as a checked-hash pyc: it stays valid when a
@@ -85,7 +89,7 @@ main() {
     trap cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
-    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed id; do
+    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed id readlink; do
         need_cmd "$_cmd"
     done
     if [ "$DRY_RUN" = 1 ]; then
@@ -99,7 +103,7 @@ main() {
     find_source
     verify_checksum
     find_python
-    if [ -n "$PY_REAL" ] && [ "$(id -u)" = 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
         check_others_can_run
     fi
     if [ -z "$DESTDIR" ] && [ "$(id -u)" = 0 ]; then
@@ -266,32 +270,41 @@ verify_checksum() {
 }
 
 # Set PYTHON to the absolute path of the interpreter the launcher names, PYC
-# to the cache file it reads (empty under --no-python-check), PY_REAL to its
-# real path and PY_PATHS to where it runs code from: PY_REAL, its standard
-# library, site-packages. Without --python the system's python3 comes first:
-# the one on PATH may be a pyenv, conda or virtual environment of one user.
+# to the cache file it reads (empty under --no-python-check), and PY_PATHS to
+# where it runs code from: its real path, its standard library,
+# site-packages. Without --python the system's python3 comes first: the one on
+# PATH may be a pyenv, conda or virtual environment of one user. Root runs a
+# candidate only once no other user could have changed it.
 find_python() {
     PYC=
     HASHED=0
-    PY_REAL=
     PY_PATHS=
     PY_GIVEN=0
+    if [ -n "$PYTHON" ]; then
+        PY_GIVEN=1
+    fi
     if [ "$NO_PYTHON_CHECK" = 1 ]; then
         check_shebang "$PYTHON"
         return 0
     fi
     if [ -n "$PYTHON" ]; then
-        PY_GIVEN=1
-        if ! _fp_found=$(command -v "$PYTHON" 2>/dev/null); then
+        case $PYTHON in
+            /*) _fp_found=$PYTHON ;;
+            */*) _fp_found=$(pwd)/$PYTHON ;;
+            *) _fp_found=$(on_path "$PYTHON") || _fp_found= ;;
+        esac
+        if [ ! -e "$_fp_found" ]; then
             python_hint "$PYTHON not found"
         fi
+        trust_to_run "$_fp_found"
         probe_python "$_fp_found" || too_old "$_fp_found"
     else
         _fp_found=
         _fp_old=
         for _fp_try in /usr/bin/python3 /usr/local/bin/python3 \
-            "$(command -v python3 2>/dev/null || :)"; do
+            "$(on_path python3 || :)"; do
             if [ -n "$_fp_try" ] && [ -e "$_fp_try" ]; then
+                trust_to_run "$_fp_try"
                 if probe_python "$_fp_try"; then
                     _fp_found=$_fp_try
                     break
@@ -308,9 +321,51 @@ find_python() {
     PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
     PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
     HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
-    PY_REAL=$(printf '%s\n' "$_fp_info" | sed -n 4p)
     PY_PATHS=$(printf '%s\n' "$_fp_info" | sed -n '4,$p')
     check_shebang "$PYTHON"
+    if [ "$PYTHON" != "$_fp_found" ]; then # a wrapper's: root compiles with it
+        trust_to_run "$PYTHON"
+    fi
+}
+
+# on_path NAME: the first DIR/NAME on PATH that is an executable file, DIR
+# absolute: an empty or relative entry means the working directory, and root
+# must not run what another user left there ("command -v" would name it).
+on_path() {
+    _op_rest=${PATH:-}:
+    while [ -n "$_op_rest" ]; do
+        _op_dir=${_op_rest%%:*}
+        _op_rest=${_op_rest#*:}
+        case $_op_dir in
+            /*)
+                if [ -f "${_op_dir%/}/$1" ] && [ -x "${_op_dir%/}/$1" ]; then
+                    printf '%s\n' "${_op_dir%/}/$1"
+                    return 0
+                fi
+                ;;
+        esac
+    done
+    return 1
+}
+
+# trust_to_run PATH: as root, refuse to run PATH (to learn its version) unless
+# no other user could have changed it: each link on its way and the file it
+# leads to must pass check_trusted.
+trust_to_run() {
+    if [ "$(id -u)" != 0 ]; then
+        return 0
+    fi
+    if ! _tt_walk=$(walk_path "$1"); then
+        err "$1: more than 40 links on its way"
+    fi
+    while IFS= read -r _tt_path; do
+        if [ -L "$_tt_path" ]; then
+            check_trusted "$_tt_path" "the interpreter $1"
+        fi
+    done <<EOF
+$_tt_walk
+EOF
+    check_trusted "$(printf '%s\n' "$_tt_walk" | sed -n '$p')" "the interpreter $1"
 }
 
 # probe_python PATH: true when PATH runs Python 3.6 or newer; _fp_info is
@@ -342,7 +397,13 @@ too_old() {
 # file". A default one they cannot run is refused; one that --python names
 # only draws a warning, for its owner may want it so.
 check_others_can_run() {
-    _oc_why=$(closed_to_others "$PYTHON" "$PY_REAL")
+    if [ ! -e "$PYTHON" ]; then
+        return 0 # --no-python-check for another host: nothing here to judge
+    fi
+    _oc_why=$(closed_to_others "$PYTHON")
+    if [ -z "$_oc_why" ] && [ "$NO_PYTHON_CHECK" = 0 ]; then
+        _oc_why=$(fails_for_nobody "$PYTHON")
+    fi
     if [ -z "$_oc_why" ]; then
         return 0
     elif [ "$PY_GIVEN" = 1 ]; then
@@ -352,47 +413,87 @@ check_others_can_run() {
     fi
 }
 
-# closed_to_others NAMED REAL: why other users cannot run the file at NAMED
-# (REAL once links are resolved), or nothing when they can. They must be able
-# to search (x) each directory on the way as named, and on the way to where
-# each link leads, and execute the real file.
+# closed_to_others PATH: why other users cannot run the file at PATH, or
+# nothing when they can: they must be able to search (x) / and each
+# directory on its way, link by link, and execute the file it leads to.
 closed_to_others() {
-    _co_dirs=$(dirs_of "${1%/*}" | while IFS= read -r _co_dir; do
-        _co_real=$(cd -P "$_co_dir" && pwd -P)
-        if [ "$_co_real" = "$_co_dir" ]; then
-            printf '%s\n' "$_co_dir"
-        else
-            dirs_of "$_co_real"
+    if ! _co_walk=$(walk_path "$1"); then
+        printf 'more than 40 links on its way'
+        return 0
+    fi
+    while IFS= read -r _co_path; do
+        if [ -L "$_co_path" ] || [ ! -e "$_co_path" ]; then
+            continue # where a link leads comes next
         fi
-    done)
-    while IFS= read -r _co_dir; do
-        _co_mode=$(file_mode "${_co_dir:-/}")
+        _co_mode=$(file_mode "$_co_path")
         case $_co_mode in
             ?????????[xt]) ;;
             *)
-                printf '%s is %s' "${_co_dir:-/}" "$_co_mode"
+                printf '%s is %s' "$_co_path" "$_co_mode"
                 return 0
                 ;;
         esac
     done <<EOF
 /
-$_co_dirs
-$(dirs_of "${2%/*}")
-$2
+$_co_walk
 EOF
 }
 
-# dirs_of PATH: each directory from the top down to the absolute PATH, / aside.
-dirs_of() {
-    _do_rest=${1#/}
-    _do_dir=
-    while [ -n "$_do_rest" ]; do
-        _do_dir=$_do_dir/${_do_rest%%/*}
-        printf '%s\n' "$_do_dir"
-        case $_do_rest in
-            */*) _do_rest=${_do_rest#*/} ;;
-            *) _do_rest= ;;
+# fails_for_nobody PYTHON: why PYTHON does not start as user nobody (uid
+# 65534), or nothing when it does, or when setpriv is missing or cannot
+# switch users here. It finds what modes do not show: a libpython or a
+# standard library closed to others, an ACL. A shell runs it, as cron's
+# would: setpriv's own exec still has root's reach.
+fails_for_nobody() {
+    _fn_python=$1
+    if ! _fn_setpriv=$(on_path setpriv); then
+        return 0
+    fi
+    set -- "$_fn_setpriv" --reuid=65534 --regid=65534 --clear-groups /bin/sh -c
+    _fn_rc=0
+    # shellcheck disable=SC2016 # the inner shell expands "$1"
+    _fn_out=$(cd / && "$@" 'exec "$1" -I -c ""' sh "$_fn_python" 2>&1 </dev/null) || _fn_rc=$?
+    if [ "$_fn_rc" != 0 ] && (cd / && "$@" : >/dev/null 2>&1 </dev/null); then
+        _fn_out=$(printf '%s\n' "$_fn_out" | sed -n 1p)
+        printf 'as uid 65534 it fails: %s' "${_fn_out:-exit status $_fn_rc}"
+    fi
+}
+
+# walk_path PATH: each path that a lookup of the absolute PATH visits, as
+# the kernel's does: each directory and each link on its way (a link's
+# target, read in the link's directory, comes next), the file last. It
+# fails after 40 links, as the kernel does.
+walk_path() {
+    _wp_done=
+    _wp_rest=$1
+    _wp_links=0
+    while [ -n "$_wp_rest" ]; do
+        _wp_name=${_wp_rest%%/*}
+        case $_wp_rest in
+            */*) _wp_rest=${_wp_rest#*/} ;;
+            *) _wp_rest= ;;
         esac
+        case $_wp_name in
+            '' | .) continue ;;
+            ..)
+                _wp_done=${_wp_done%/*}
+                continue
+                ;;
+        esac
+        printf '%s\n' "$_wp_done/$_wp_name"
+        if [ -L "$_wp_done/$_wp_name" ]; then
+            _wp_links=$((_wp_links + 1))
+            if [ "$_wp_links" -gt 40 ]; then
+                return 1
+            fi
+            _wp_to=$(readlink "$_wp_done/$_wp_name")
+            case $_wp_to in
+                /*) _wp_done= ;;
+            esac
+            _wp_rest=$_wp_to/$_wp_rest
+        else
+            _wp_done=$_wp_done/$_wp_name
+        fi
     done
 }
 

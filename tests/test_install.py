@@ -19,6 +19,7 @@ import re
 import shlex
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ DASH = shutil.which("dash") or SH
 
 #: Commands install.sh needs besides the shell builtins (see main()).
 INSTALL_SH_TOOLS = ("install", "cmp", "mv", "rm", "rmdir", "chmod", "cat", "ls",
-                    "dirname", "grep", "sed", "id")
+                    "dirname", "grep", "sed", "id", "readlink")
 
 #: The example keys the config must show, commented out.
 EXAMPLE_KEYS = (
@@ -184,6 +185,7 @@ class InstallTestCase(unittest.TestCase):
         destdir = kwargs.pop("destdir", self.destdir)
         install_sh = kwargs.pop("install_sh", self.install_sh)
         path = kwargs.pop("path", None)
+        cwd = kwargs.pop("cwd", self.tmp)
         python = kwargs.pop("python", self.python3)
         command = [SH, install_sh] + list(args)
         if python and not any(a.split("=")[0] == "--python" for a in args):
@@ -197,7 +199,7 @@ class InstallTestCase(unittest.TestCase):
             command,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, universal_newlines=True,
-            cwd=self.tmp, env=env, timeout=120)
+            cwd=cwd, env=env, timeout=120)
         return proc.returncode, proc.stdout, proc.stderr
 
     def without_system_python(self):
@@ -211,9 +213,10 @@ class InstallTestCase(unittest.TestCase):
         for bindir in SYSTEM_BINDIRS:
             if os.path.isdir(bindir):
                 layer = os.path.join(self.tmp, "hide" + bindir.replace("/", "_"))
-                os.mkdir(layer)
-                os.mknod(os.path.join(layer, "python3"), stat.S_IFCHR | 0o600,
-                         os.makedev(0, 0))
+                if not os.path.isdir(layer):            # a second call
+                    os.mkdir(layer)
+                    os.mknod(os.path.join(layer, "python3"), stat.S_IFCHR | 0o600,
+                             os.makedev(0, 0))
                 mounts.append("%s -t overlay overlay -o lowerdir=%s %s\n" % (
                     mount, shlex.quote("%s:%s" % (layer, bindir)), shlex.quote(bindir)))
         return [unshare, "--mount", SH, "-c",
@@ -252,17 +255,37 @@ class InstallTestCase(unittest.TestCase):
             stderr=subprocess.PIPE, universal_newlines=True, env=support.cron_env(),
             cwd="/", timeout=60)
 
-    def private_python(self):
+    def private_python(self, target=sys.executable):
         """A python3 only root can reach, as a pyenv under /root (mode 0700)
-        is: a link to the interpreter running the tests in a directory of
-        mode 0700 (the test's own directory opened, so that this one is what
-        keeps others out). Its directory."""
+        is: a link to target (the interpreter running the tests) in a
+        directory of mode 0700 (the test's own directory opened, so that this
+        one is what keeps others out). Its directory."""
         os.chmod(self.tmp, 0o755)
         private = os.path.join(self.tmp, "private")
         os.mkdir(private)
         os.chmod(private, 0o700)
-        os.symlink(sys.executable, os.path.join(private, "python3"))
+        os.symlink(target, os.path.join(private, "python3"))
         return private
+
+    def nobodys_python3(self, dirname):
+        """A python3 in a new directory dirname of the test's, owned by
+        nobody, as one they left there would be: it notes the uid it ran as
+        in self.ran, then runs the tests' interpreter. Its path."""
+        os.chmod(self.tmp, 0o755)
+        self.ran = os.path.join(self.tmp, "ran")
+        bindir = os.path.join(self.tmp, dirname)
+        os.mkdir(bindir)
+        python = os.path.join(bindir, "python3")
+        write_file(python, '#!/bin/sh\nid -u >> %s\nexec %s "$@"\n'
+                   % (self.ran, sys.executable), 0o755)
+        os.chown(python, 65534, 65534)
+        return python
+
+    def assert_not_ran(self):
+        if os.path.exists(self.ran):
+            uids = read_bytes(self.ran).decode().split()
+            os.remove(self.ran)                 # for the next subtest
+            self.fail("nobody's python3 ran as uid %s" % uids)
 
     def assert_fast_layout(self, python=sys.executable, source=SCRIPT):
         """The launcher, the module and a cache Python will use, nothing else."""
@@ -937,6 +960,112 @@ class TestPythonCheck(InstallTestCase):
         self.assertTrue(read_bytes(self.target).startswith(("#!%s -I\n" % python).encode()))
         self.assertNotEqual(self.run_as_nobody(["--version"]).returncode, 0)
         self.assertEqual(self.install_live("--python", python, "--quiet"), warning)
+
+    def test_root_follows_each_link_to_a_python_others_cannot_run(self):
+        """--python naming a link to a link in a directory closed to others,
+        that one to the system's python3, draws the warning naming that
+        directory, for an absolute link and a relative one; the warning is
+        true: nobody gets "Permission denied" (126). Only the directories of
+        the named path and of the last one were checked: no word was said."""
+        self.need_root("a private interpreter is private to root")
+        private = self.private_python(os.path.realpath(SYSTEM_PYTHON))
+        bindir = os.path.join(self.tmp, "bin")
+        os.mkdir(bindir)
+        os.symlink(os.path.join(private, "python3"), os.path.join(bindir, "python3"))
+        os.symlink("../private/python3", os.path.join(bindir, "relative"))
+        for name in ("python3", "relative"):
+            with self.subTest(link=name):
+                python = os.path.join(bindir, name)
+                err = self.install_live("--python", python)
+                self.assertEqual(
+                    [line for line in err.splitlines() if "warning" in line],
+                    ["install.sh: warning: other users cannot run %s (%s is drwx------): "
+                     "the command will fail for them" % (python, private)])
+                proc = self.run_as_nobody(["--version"])
+                self.assertEqual(proc.returncode, 126, proc.stderr)
+                self.assertIn("Permission denied", proc.stderr)
+
+    def test_root_runs_the_python_as_nobody_to_see_that_it_starts(self):
+        """Where modes do not tell (here an ACL denies nobody a copy of the
+        system's python3 in an open directory; a libpython or a standard
+        library closed to others would do the same), install.sh runs the
+        interpreter as nobody, and warns with what went wrong. It judged by
+        modes alone, and installed a command nobody cannot run."""
+        self.need_root("only root can run a python3 as nobody")
+        support.require_tool(self, "setpriv")
+        os.chmod(self.tmp, 0o755)
+        python = os.path.join(self.tmp, "python3")
+        shutil.copy2(os.path.realpath(SYSTEM_PYTHON), python)
+        # a POSIX ACL (the xattr's binary form, as setfacl writes it): the
+        # owner rwx, user nobody nothing, the group, mask and others r-x
+        entries = ((0x01, 7, 0xFFFFFFFF), (0x02, 0, 65534), (0x04, 5, 0xFFFFFFFF),
+                   (0x10, 5, 0xFFFFFFFF), (0x20, 5, 0xFFFFFFFF))
+        os.setxattr(python, "system.posix_acl_access", struct.pack("<I", 2) + b"".join(
+            struct.pack("<HHI", *entry) for entry in entries))
+        self.assertEqual(stat.S_IMODE(os.stat(python).st_mode), 0o755)
+        err = self.install_live("--python", python)
+        self.assertRegex(err, r"(?m)^install\.sh: warning: other users cannot run %s "
+                         r"\(as uid 65534 it fails: sh: .*Permission denied\): the "
+                         r"command will fail for them$" % re.escape(python))
+        self.assertEqual(self.run_as_nobody(["--version"]).returncode, 126)
+
+    def test_root_never_runs_a_python3_from_the_working_directory(self):
+        """An empty entry on PATH means the working directory, where "command
+        -v python3" found nobody's python3 and install.sh ran it as root. Only
+        absolute PATH entries count: with none holding a python3, install.sh
+        says python3 was not found, and ran nothing."""
+        self.need_root("the working directory's python3 ran as root")
+        workdir = os.path.dirname(self.nobodys_python3("work"))
+        os.chmod(workdir, 0o777)
+        fakebin = self.make_bin(None, "")
+        for args in ((), ("--python", "python3")):
+            with self.subTest(args=args):
+                rc, out, err = self.run_install(*args, python=None, cwd=workdir,
+                                                path=os.pathsep + fakebin,
+                                                hide_system_python=True)
+                self.assert_not_ran()
+                self.assertEqual(rc, 1, err)
+                self.assertIn("install.sh: error: python3 not found", err)
+                self.assertEqual(tree(self.destdir), [])
+
+    def test_root_runs_no_python_another_user_could_change(self):
+        """As root, even into a DESTDIR, install.sh refuses before running it
+        a python3 that another user owns: named by --python, reached through a
+        link of root's, or found on PATH. It ran each as root to learn its
+        version (and checked only the one it installed, and only without
+        DESTDIR)."""
+        self.need_root("another user's python3 ran as root")
+        python = self.nobodys_python3("theirs")
+        link = os.path.join(self.tmp, "python3")
+        os.symlink(python, link)
+        refusal = ("install.sh: error: %s is owned by uid 65534, not root: another user "
+                   "could change what root runs (the interpreter %%s)" % python)
+        fakebin = self.make_bin(None, "")
+        for args, kwargs, named in (
+                (("--python", python), {}, python),
+                (("--python", link), {}, link),
+                ((), {"path": os.path.dirname(python) + os.pathsep + fakebin,
+                      "hide_system_python": True}, python)):
+            with self.subTest(named=named, args=args):
+                rc, out, err = self.run_install(*args, python=None, **kwargs)
+                self.assert_not_ran()
+                self.assertEqual(rc, 1, err)
+                self.assertEqual(err.splitlines()[0], refusal % named)
+                self.assertEqual(tree(self.destdir), [])
+
+    def test_no_python_check_still_warns_for_a_python_others_cannot_run(self):
+        """--no-python-check runs no Python, but the modes on the way to the
+        one it names are still read: a private one draws the warning (there
+        was none); one absent here, for another host, draws none."""
+        self.need_root("a private interpreter is private to root")
+        private = self.private_python()
+        python = os.path.join(private, "python3")
+        rc, out, err = self.assert_ok(self.run_install("--no-python-check", "--python", python))
+        self.assertIn("install.sh: warning: other users cannot run %s (%s is drwx------): "
+                      "the command will fail for them\n" % (python, private), err)
+        rc, out, err = self.assert_ok(self.run_install(
+            "--no-python-check", "--python", "/usr/bin/python3.99"))
+        self.assertNotIn("warning", err)
 
     def test_python_check_also_runs_in_dry_run(self):
         fakebin = self.make_bin("python3", self.FAKE_OLD_PYTHON)
