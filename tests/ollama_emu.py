@@ -7,8 +7,8 @@ references ollama-api.md and multi-model.md): GET/HEAD /, GET/HEAD
 /api/generate, POST /api/chat, POST /api/embed and the legacy POST
 /api/embeddings (validation order, exact error bodies, load-only and unload
 replies, NDJSON streaming by default, cold loads that send no byte until
-loaded and abort when the client hangs up).  Other paths get gin's "404 page
-not found", wrong methods "405 method not allowed".
+loaded and abort when the client that started them hangs up).  Other paths
+get gin's "404 page not found", wrong methods "405 method not allowed".
 
 Several models, each generative or embedding, with capabilities, a size, a
 load time and optionally a forced GPU share (Model, or a spec string

@@ -4,7 +4,9 @@ Every gpu_preflight command line in the README's code blocks is parsed by
 the script's own option parser (a typo in a recipe fails here); the systemd
 units pass `systemd-analyze verify` with their programs replaced by real
 executables; the Slurm health-check script passes `sh -n` and shellcheck.
-Crontab lines run under a real cron in tests/test_cron.py.
+Crontab lines run under a real cron in tests/test_cron.py; the quick
+start's cron line also runs here, its command as printed, against a model
+that Ollama must load first.
 
 The reference is held against the script: the "--json prints one object
 with these fields" list names exactly the keys that --json prints (nested
@@ -297,8 +299,9 @@ class RecipeTest(unittest.TestCase):
         work = tempfile.mkdtemp(prefix="gpfl-quick-")
         self.addCleanup(shutil.rmtree, work, True)
         marker, files = os.path.join(work, "ran"), []
-        for path, text in ((program, '#!/bin/sh\nexec %s %s "$@"\n' % (
-                sys.executable, support.SCRIPT)), (job, "#!/bin/sh\necho ran >>%s\n" % marker)):
+        launcher = '#!/bin/sh\nexec %s %s "$@"\n' % (sys.executable, support.SCRIPT)
+        record = "#!/bin/sh\necho ran >>%s\n" % marker
+        for path, text in ((program, launcher), (job, record)):
             self.assertRegex(path, r"^/(usr/local/bin|opt)/")
             files.append(os.path.join(work, path.lstrip("/")))
             os.makedirs(os.path.dirname(files[-1]), exist_ok=True)
