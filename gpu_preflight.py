@@ -6,8 +6,9 @@ Run it in front of a GPU job; the job starts only when the service answered:
     python3 gpu_preflight.py && /opt/jobs/nightly.sh
     python3 gpu_preflight.py --lock /run/gpu0.lock -- /opt/jobs/nightly.sh
 
-It checks in stages, each bounded by --timeout and all together by --deadline
-(counted from process start, whatever the server or the driver does):
+It checks in stages, each bounded by --timeout (the warm-up of a model not
+loaded yet by --load-timeout) and all together by --deadline (counted from
+process start, whatever the server or the driver does):
 
     gpu        (--gpu) NVML, nvidia-smi or amdgpu sysfs: driver, memory, load
     tags       GET  /api/tags       Ollama is up and the model is present
@@ -91,6 +92,10 @@ DEFAULT_HOST = "http://127.0.0.1:11434"
 
 #: Socket timeout of each stage, and the bound of the whole run (seconds).
 DEFAULT_TIMEOUT, DEFAULT_DEADLINE = 3.0, 10.0
+
+#: The bound of the warm-up of a model /api/ps did not list (seconds): a load
+#: takes seconds to minutes, and Ollama aborts it when the client gives up.
+DEFAULT_LOAD_TIMEOUT = 60.0
 
 #: The GPU stage's own limit: NVML without persistence mode takes 1-3 s a GPU.
 DEFAULT_GPU_TIMEOUT = 5.0
@@ -310,11 +315,13 @@ def check_inference(run):
 
 
 class Stage(object):
-    """The stage under way: name, start, budget's end, what it sends, the model it warms."""
+    """The stage under way: name, start, budget's end, what it sends, the model
+    it warms, and its own time limit."""
 
-    def __init__(self, name, started, ends_at, optional, what, model):
+    def __init__(self, name, started, ends_at, optional, what, model, limit):
         self.name, self.started, self.ends_at = name, started, ends_at
         self.optional, self.what, self.model = optional, what, model
+        self.limit = limit          # its own bound: --timeout, --load-timeout ...
 
 
 class Run(object):
@@ -330,7 +337,8 @@ class Run(object):
         self.unchanged = False      # --log-changes-only: same verdict as last time
         if opts.insecure and before is None:
             self.problems.append("TLS certificates not verified (--insecure)")
-        self.started, self.deadline_at = started, started + opts.deadline
+        self.started = started      # --wait: a load's room in the deadline stays
+        self.deadline_at = before.deadline_at if before else started + opts.deadline
         self.stages = []            # dicts: name, status, duration_ms, reason
         self.current = None         # the Stage under way, if any
         self.model = (opts.model or [None])[0]     # the first model, once chosen
@@ -348,15 +356,18 @@ class Run(object):
 
     @contextlib.contextmanager
     def step(self, name, timeout=None, optional=False, what=None, model=None):
-        """Run a stage; its budget is min(timeout or --timeout, time left).
+        """Run a stage; its budget is min(timeout or --timeout, time left), a
+        warm-up's --load-timeout when /api/ps did not list its model.
         what: the request, when not STAGE_WHAT's; model: the one it warms."""
         now = time.monotonic()
         left = self.deadline_at - now
         what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
         if left <= 0:
             raise Fail(EX_TEMPFAIL, self.deadline_text("before " + what), name)
-        budget = min(timeout or self.opts.timeout, left)
-        stage = Stage(name, now, now + budget, optional, what, model)
+        loads = name == "warmup" and model is not None and model["was_loaded"] is False
+        limit = timeout or (self.opts.load_timeout if loads else self.opts.timeout)
+        stage = Stage(name, now, now + min(limit, left), optional, what, model, limit)
+        budget = stage.ends_at - now
         self.current = stage
         self.wake.set()
         try:
@@ -429,26 +440,41 @@ class Run(object):
             self.code, self.stage, self.reason, self.notes = code, "command", why, []
             self.unchanged = False
 
+    def deadline_s(self):
+        """The bound of this run: --deadline, or its default with room for loads."""
+        return round(self.deadline_at - self.started, 3)
+
+    def make_room_for_loads(self, cold):
+        """A default --deadline grows by --load-timeout for each of cold models
+        to load (a --deadline given stays the bound)."""
+        if self.opts.deadline_default:
+            self.deadline_at = max(self.deadline_at, self.started + self.opts.deadline
+                                   + cold * self.opts.load_timeout)
+
     def deadline_text(self, when):
         """The reason of a run that --deadline cut (when: where it was)."""
         self.cut = True
-        return "deadline of %gs reached %s" % (self.opts.deadline, when)
+        return "deadline of %gs reached %s" % (self.deadline_s(), when)
 
     def timeout_reason(self, stage):
-        """Why a stage ran out of time, with the cold-model fix when it applies."""
-        if stage.ends_at - stage.started < self.opts.timeout - 1e-3:  # the deadline cut it
+        """Why a stage ran out of time, its own bound or the deadline; for a
+        model that was not loaded, which bound its load missed and both fixes."""
+        cut = stage.ends_at - stage.started < stage.limit - 1e-3    # by the deadline
+        if cut:
             text = self.deadline_text("during " + stage.what)
             if self.before:
                 text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
                                                           self.before)
         else:
-            text = "%s timed out after %gs" % (stage.what, self.opts.timeout)
+            text = "%s timed out after %gs" % (stage.what, stage.limit)
         if stage.name == "warmup" and stage.model["was_loaded"] is False:
-            text += ("; model %s was not loaded, and Ollama aborts a load when the "
-                     "client gives up, so it cannot warm in time: give the warm-up "
-                     "longer (--timeout 120 --deadline 150) or keep the model "
-                     "loaded on the server (OLLAMA_KEEP_ALIVE=-1 or --keep-alive 1h)"
-                     % stage.model["name"])
+            text += ("; model %s was not loaded and did not load within %s (Ollama "
+                     "drops a load when the client gives up): allow a longer load "
+                     "(%s) or keep the model loaded on the server (OLLAMA_KEEP_ALIVE=-1 "
+                     "for ollama serve, or --keep-alive 1h)" % (
+                         stage.model["name"], "the deadline" if cut else
+                         "--load-timeout %gs" % stage.limit,
+                         "--deadline" if cut else "--load-timeout"))
         return text
 
     @contextlib.contextmanager
@@ -558,6 +584,8 @@ def check_service(run, client):
             choose_models(run, listed, [n for n in loaded if n][:1] or [_name(listed[0])])
         for model in run.models:
             model["was_loaded"] = None if running is None else bool(entries_of(model, running))
+        if opts.warmup != "off":
+            run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
     if opts.require or opts.warmup != "off":
         ollama_kinds(run, client)
         check_requirements(run)
@@ -594,7 +622,8 @@ def choose_models(run, listed, wanted, where=None, listing=None):
             missing_hint(missing, names, run.api == "ollama"),
             listing, sanitise(", ".join(names[:10]) or "no models")))
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
-                       resident=None, size_vram=None, size=None, was_loaded=None, reason="",
+                       resident=None, size_vram=None, size=None, was_loaded=None, load_ms=None,
+                       reason="",
                        entry=listed[names.index(n)]) for n in found]
     run.model = found[0]
 
@@ -752,9 +781,15 @@ def ollama_generate(run, client, model):
             raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
                        "model: nothing was loaded or run")
         load_ns = whole_number(final, "load_duration", what)
+        model["load_ms"] = load_ms(load_ns)
         if load_ns and load_ns > 1e9:
             run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
     return True
+
+
+def load_ms(load_ns):
+    """Ollama's load_duration (ns; absent from a load-only answer) in ms, or None."""
+    return None if load_ns is None else round(load_ns / 1e6, 1)
 
 
 def ollama_payload(opts, model, options, **fields):
@@ -796,6 +831,7 @@ def ollama_embed(run, client, model):
                 raise
             doc = None
         if doc is not None:
+            model["load_ms"] = load_ms(whole_number(doc, "load_duration", "POST /api/embed"))
             vectors = doc.get("embeddings")
             return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
                                else None, "POST /api/embed for " + model["name"],
@@ -2329,6 +2365,7 @@ def verdict_facts(run, elapsed_ms):
     value[, form in the log line]); None: not in that output."""
     ready, models, opts = run.code == EX_OK, run.models, run.opts
     loaded = models[0]["was_loaded"] if models else None
+    first_load = models[0]["load_ms"] if models else None
     return [
         ("result", "result", "ready" if ready else "skip"), (None, "ready", ready),
         ("code", "exit_code", run.code), ("stage", "stage", run.stage),
@@ -2337,12 +2374,15 @@ def verdict_facts(run, elapsed_ms):
         ("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
         ("models" if len(models) > 1 else None, "models",
          [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms", "resident",
-                                   "size_vram", "was_loaded", "reason")) for m in models],
+                                   "size_vram", "was_loaded", "load_ms", "reason"))
+          for m in models],
          ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
                                  else "%dms" % m["warmup_ms"]) for m in models)),
     ] + [("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
         ("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
          "yes" if loaded else "no"),
+        ("load_ms" if loaded is False and first_load is not None else None,
+         "model_load_ms", first_load, first_load is not None and int(round(first_load))),
         ("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
         ("api" if run.api != "ollama" else None, "api", run.api),
         ("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
@@ -2353,7 +2393,7 @@ def verdict_facts(run, elapsed_ms):
     ] + [("gpu%d" % n, None, gpu_summary(gpu))
          for n, gpu in enumerate(run.gpu["gpus"] if run.gpu else ())] + [
         (None, "version", __version__), (None, "timeout_s", opts.timeout),
-        (None, "deadline_s", opts.deadline), (None, "warmup", opts.warmup),
+        (None, "deadline_s", run.deadline_s()), (None, "warmup", opts.warmup),
         (None, "stages", run.stages)]
 
 
@@ -2823,9 +2863,14 @@ OPTIONS = (
          "do not verify TLS certificates (logged as a problem on every run)"),
         ("timeout", None, CHECK, parse_seconds, DEFAULT_TIMEOUT, "SECONDS",
          "time limit of each stage (default %g)" % DEFAULT_TIMEOUT),
+        ("load-timeout", None, CHECK, parse_seconds, DEFAULT_LOAD_TIMEOUT, "SECONDS",
+         "time limit of the warm-up of a model that is not loaded: its load "
+         "(default %g; Ollama aborts a load when the client gives up)"
+         % DEFAULT_LOAD_TIMEOUT),
         ("deadline", None, HOW, parse_seconds, None, "SECONDS",
          "hard limit on the whole run, from process start (default %g, plus "
-         "--wait and --jitter)" % DEFAULT_DEADLINE),
+         "--load-timeout for each model to load, --wait and --jitter)"
+         % DEFAULT_DEADLINE),
     )),
     ("the model and its warm-up", (
         ("model", None, CHECK, (parse_models, lambda text: [text]), None, "NAME",
@@ -2925,10 +2970,10 @@ examples:
 in /etc/cron.d/gpu-batch (in `crontab -e`, leave out the user field root):
   */10 * * * *  root  /usr/local/bin/gpu_preflight --lock /run/gpu0.lock -- /opt/jobs/batch.sh
 
-A cold model (not loaded when the run starts) needs longer than the default
-3 s to load, and Ollama aborts a load when the client gives up: give the
-warm-up time (--timeout 120 --deadline 150) or keep the model loaded on the
-server (OLLAMA_KEEP_ALIVE=-1, or --keep-alive 1h).
+A cold model (not loaded when the run starts) gets --load-timeout (60 s) to
+load, and the default deadline grows by as much; Ollama aborts a load when the
+client gives up. A longer load: --load-timeout 300, or keep the model loaded
+on the server (OLLAMA_KEEP_ALIVE=-1, or --keep-alive 1h).
 
 Each long option is also GPU_PREFLIGHT_<NAME> (GPU_PREFLIGHT_KEEP_ALIVE=10m)
 and a key in the [gpu_preflight] section of the config file (keep-alive = 10m).
@@ -3130,6 +3175,7 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
     opts.gpu_backend = opts.gpu_backend or "auto"
     opts.token = opts.tls_context = None    # read_token() and tls_context()
+    opts.deadline_default = opts.deadline is None   # grows when a model must load
     if opts.deadline is None:
         opts.deadline = DEFAULT_DEADLINE + (opts.wait or 0) + (opts.jitter or 0)
     opts.ollama_option = dict(opts.ollama_option)

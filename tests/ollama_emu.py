@@ -7,8 +7,8 @@ references ollama-api.md and multi-model.md): GET/HEAD /, GET/HEAD
 /api/generate, POST /api/chat, POST /api/embed and the legacy POST
 /api/embeddings (validation order, exact error bodies, load-only and unload
 replies, NDJSON streaming by default, cold loads that send no byte until
-loaded and abort when the client hangs up).  Other paths get gin's "404 page
-not found", wrong methods "405 method not allowed".
+loaded and abort when the client that started them hangs up).  Other paths
+get gin's "404 page not found", wrong methods "405 method not allowed".
 
 Several models, each generative or embedding, with capabilities, a size, a
 load time and optionally a forced GPU share (Model, or a spec string
@@ -586,7 +586,7 @@ class Emulator(HTTPEmulator):
         self._vram = {}                # loaded model -> size_vram bytes
         self._refs = {}                # model -> requests using its runner now
         self._keep = {}                # model -> keep_alive seconds (session duration)
-        self._loading = {}             # model -> {"deadline", "waiters", "vram"}
+        self._loading = {}             # model -> {"deadline", "owner", "vram"}
         self._in_flight = {}           # id(Request) -> Request not answered yet
         self.ps_during_warmup = []     # (GET /api/ps Request, ((path, model), ...) in flight)
         self.evictions = []            # (victim, model being loaded, "max_loaded" | "vram")
@@ -1162,32 +1162,41 @@ class Emulator(HTTPEmulator):
     def _acquire(self, h, name, t0, keep):
         """Schedule name: use it when loaded, else (one load at a time, after evicting
         what must go) load it for its load time, sending no byte meanwhile.  The load
-        ns, or None when the client left first (a load with no client left aborts)."""
+        ns, or None when the client left first.
+
+        The load runs on the context of the request that started it, as Ollama's
+        does (server/routes.go passes c.Request.Context() to scheduleRunner;
+        server/sched.go load() calls llama.Load(req.ctx) and WaitUntilRunning(req.ctx);
+        llm/llama_server.go WaitUntilRunning returns on ctx.Done(), logging "client
+        connection closed before llama-server finished loading, aborting load", and
+        the failed runner is expired): when that client hangs up the load is dropped,
+        whoever else waits for it, and a request still waiting schedules a load of
+        its own.  Nothing of an aborted load stays loaded."""
         name = self._runner(name)
         spec = self._spec(name)
         seconds = self.load_seconds if spec.load_seconds is None else spec.load_seconds
-        rec = None
-        while rec is None:
-            with self._lock:
-                if name in self.loaded:
-                    self._use(name, keep)
-                    return max(int((time.time() - t0) * 1e9), 100000)
-                rec = self._loading.get(name)
-                if rec is None and not self._loading and self._make_room(spec) is None:
-                    rec = self._loading[name] = {"deadline": time.time() + seconds,
-                                                 "waiters": 0, "vram": self._placement(spec)}
-                if rec is not None:
-                    rec["waiters"] += 1
-            if rec is None and (self._stop.is_set() or h.client_gone(0.02)):
-                return None
-        while time.time() < rec["deadline"]:
-            left = rec["deadline"] - time.time()
-            if self._stop.is_set() or h.client_gone(max(0.0, min(0.05, left))):
-                with self._lock:          # abort the load when its last client is gone
-                    rec["waiters"] -= 1
-                    if rec["waiters"] == 0 and self._loading.get(name) is rec:
-                        del self._loading[name]
-                return None
+        while True:
+            rec = None
+            while rec is None:
+                with self._lock:
+                    if name in self.loaded:
+                        self._use(name, keep)
+                        return max(int((time.time() - t0) * 1e9), 100000)
+                    rec = self._loading.get(name)
+                    if rec is None and not self._loading and self._make_room(spec) is None:
+                        rec = self._loading[name] = {"deadline": time.time() + seconds,
+                                                     "owner": h, "vram": self._placement(spec)}
+                if rec is None and (self._stop.is_set() or h.client_gone(0.02)):
+                    return None
+            while time.time() < rec["deadline"] and self._loading.get(name) is rec:
+                left = rec["deadline"] - time.time()
+                if self._stop.is_set() or h.client_gone(max(0.0, min(0.05, left))):
+                    with self._lock:      # the client that started the load: abort it
+                        if rec["owner"] is h and self._loading.get(name) is rec:
+                            del self._loading[name]
+                    return None
+            if self._loading.get(name) is rec or name in self.loaded:
+                break                     # else aborted: this request schedules again
         with self._lock:
             if self._loading.get(name) is rec:
                 del self._loading[name]

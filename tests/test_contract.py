@@ -327,16 +327,34 @@ class ReadyTest(ContractCase):
         self.assertEqual(fields["vram_pct"], "45")
         self.assertIn("partial offload", fields["reason"])
 
-    def test_cold_model_that_loads_in_time(self):
-        emu = self.emulator(loaded=(), load_seconds=1.0)
-        res = self.run_gp(["--host", emu.url, "--timeout", "5"])
+    def test_cold_model_gets_the_load_bound_not_the_stage_timeout(self):
+        """A model /api/ps did not list loads for longer than --timeout: its
+        warm-up has --load-timeout (default 60 s), the default deadline grows by
+        as much, and the load time Ollama reports is in the line and --json."""
+        emu = self.emulator(loaded=(), load_seconds=2.5)
+        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--json"])
         self.assertEqual(res.code, 0, res)
+        doc = json.loads(res.stdout)
+        self.assertEqual((doc["model_was_loaded"], doc["deadline_s"]), (False, 70))
+        self.assertGreaterEqual(doc["model_load_ms"], 2500)
+        self.assertEqual(doc["models"][0]["load_ms"], doc["model_load_ms"])
         fields = self.log()[1]
         self.assertEqual(fields["was_loaded"], "no")
+        self.assertGreaterEqual(int(fields["load_ms"]), 2500)
         self.assertIn("placement_ms", fields)       # placement read after the load
         self.assertEqual(fields["vram_pct"], "100")
-        self.assertIn("model loaded in 1.", fields["reason"])
+        self.assertIn("model loaded in 2.", fields["reason"])
         self.assertIn("llama3.2:latest", emu.loaded)
+
+    def test_loaded_model_that_never_answers_is_judged_by_the_stage_timeout(self):
+        """A model /api/ps lists that does not answer is 75 after --timeout
+        (3 s), not after --load-timeout; no load time, no load advice."""
+        emu = self.emulator(mode="hang", fault_on="/api/generate")
+        res = self.run_gp(["--host", emu.url])
+        fields = self.assertSkip(res, 75, "warmup", "timed out after 3s", deadline=3)
+        self.assertEqual(fields["was_loaded"], "yes")
+        self.assertNotIn("load_ms", fields)
+        self.assertNotIn("--load-timeout", fields["reason"])
 
     def test_ipv6_loopback_and_ollama_host(self):
         try:
@@ -600,15 +618,32 @@ class TimeBoundTest(ContractCase):
         res = self.run_gp(["--host", emu.url, "--timeout", "1", "--deadline", "3"])
         self.assertSkip(res, 75, "tags", "timed out", deadline=1)
 
-    def test_cold_model_trap_names_the_fix_and_the_load_is_aborted(self):
-        emu = self.emulator(loaded=(), load_seconds=6)
-        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--deadline", "4"])
-        fields = self.assertSkip(res, 75, "warmup", "was not loaded", deadline=4)
-        self.assertIn("--timeout", fields["reason"])
-        self.assertIn("keep", fields["reason"])
+    def test_a_load_past_its_bound_is_75_naming_both_fixes_and_is_dropped(self):
+        """A 10-minute load under --load-timeout 4: the warm-up waits the whole
+        bound (the preflight never abandons its load earlier), then 75 naming the
+        bound and both fixes; the load dies with the request, as in Ollama."""
+        emu = self.emulator(loaded=(), load_seconds=600)
+        res = self.run_gp(["--host", emu.url, "--timeout", "1", "--load-timeout", "4"])
+        fields = self.assertSkip(res, 75, "warmup", "did not load within --load-timeout "
+                                 "4s", deadline=4)
+        for fix in ("allow a longer load (--load-timeout)", "OLLAMA_KEEP_ALIVE=-1",
+                    "--keep-alive"):
+            self.assertIn(fix, fields["reason"])
         self.assertEqual(fields["was_loaded"], "no")
-        time.sleep(0.5)
+        self.assertGreaterEqual(int(fields["warmup_ms"]), 3900)
+        ends = time.monotonic() + 10        # the emulator sees the hang-up soon
+        while emu._loading and time.monotonic() < ends:
+            time.sleep(0.05)
+        self.assertEqual(emu._loading, {}, "the load went on after the client left")
         self.assertEqual(set(emu.loaded), set())
+
+    def test_a_given_deadline_still_bounds_a_load(self):
+        emu = self.emulator(loaded=(), load_seconds=600)
+        res = self.run_gp(["--host", emu.url, "--deadline", "3"])
+        fields = self.assertSkip(res, 75, "warmup", "deadline of 3s reached during "
+                                 "POST /api/generate", deadline=3)
+        self.assertIn("did not load within the deadline", fields["reason"])
+        self.assertIn("(--deadline)", fields["reason"])
 
 
 class ProxyTest(ContractCase):

@@ -461,11 +461,13 @@ class EmbeddingProofTest(ModelsCase):
         time.sleep(0.3)
         self.assertNotIn("nomic-embed-text:latest", emu.loaded)
 
-    def test_each_model_within_timeout(self):
+    def test_each_cold_model_within_the_load_bound(self):
+        """Each model /api/ps did not list has --load-timeout of its own."""
         emu = self.ollama(qwen(load_seconds=0.5), nomic(load_seconds=30))
         res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
-                         "--timeout", "2")
-        self.verdict(res, 75, "nomic-embed-text", "timed out after 2s", deadline=2 + 2)
+                         "--timeout", "1", "--load-timeout", "2")
+        self.verdict(res, 75, "nomic-embed-text", "timed out after 2s",
+                     "did not load within --load-timeout 2s", deadline=2 + 2)
         self.assertIn("qwen3:latest", emu.loaded)
 
 

@@ -4,7 +4,9 @@ Every gpu_preflight command line in the README's code blocks is parsed by
 the script's own option parser (a typo in a recipe fails here); the systemd
 units pass `systemd-analyze verify` with their programs replaced by real
 executables; the Slurm health-check script passes `sh -n` and shellcheck.
-Crontab lines run under a real cron in tests/test_cron.py.
+Crontab lines run under a real cron in tests/test_cron.py; the quick
+start's cron line also runs here, its command as printed, against a model
+that Ollama must load first.
 
 The reference is held against the script: the "--json prints one object
 with these fields" list names exactly the keys that --json prints (nested
@@ -281,6 +283,49 @@ class RecipeTest(unittest.TestCase):
                 self.assertEqual(len(logged), in_log, logged)
                 self.assertIn(result, (logged or [said.decode()])[0])
                 self.assertEqual(said, b"" if in_log else b"job-said\n", line)
+
+    def test_the_quick_start_cron_line_runs_its_job_when_the_model_must_load(self):
+        """The quick start's cron line, its command as printed, on a schedule
+        where Ollama unloaded the model between runs (a 20 s load): the job
+        runs. /usr/local/bin/gpu_preflight and /opt/jobs are this test's, in a
+        mount namespace of its own; the host comes from GPU_PREFLIGHT_HOST."""
+        unshare = support.require_tool(self, "unshare", "/usr/bin/unshare")
+        section = re.search(r"(?ms)^## Quick start\n(.*?)(?=^## )", readme_text())
+        block = re.search(r"(?ms)^```cron\n(.*?)^```$", section.group(1))
+        lines = [l for l in block.group(1).splitlines() if l.strip() and l[0] != "#"]
+        self.assertEqual(len(lines), 1, "the quick start's cron block: one line")
+        command = lines[0].split(None, 6)[6]        # after the schedule and user
+        program, job = shlex.split(command)[0], re.search(r"&&\s*(\S+)", command).group(1)
+        work = tempfile.mkdtemp(prefix="gpfl-quick-")
+        self.addCleanup(shutil.rmtree, work, True)
+        marker, files = os.path.join(work, "ran"), []
+        launcher = '#!/bin/sh\nexec %s %s "$@"\n' % (sys.executable, support.SCRIPT)
+        record = "#!/bin/sh\necho ran >>%s\n" % marker
+        for path, text in ((program, launcher), (job, record)):
+            self.assertRegex(path, r"^/(usr/local/bin|opt)/")
+            files.append(os.path.join(work, path.lstrip("/")))
+            os.makedirs(os.path.dirname(files[-1]), exist_ok=True)
+            with open(files[-1], "w") as handle:
+                handle.write(text)
+            os.chmod(files[-1], 0o755)
+        os.makedirs(os.path.join(work, "opt"), exist_ok=True)
+        os.makedirs(os.path.join(work, "usr/local/bin"), exist_ok=True)
+        setup = ('set -e; mount --bind "$1/usr/local/bin" /usr/local/bin; '
+                 'mount --bind "$1/opt" /opt; exec /bin/sh -c "$2"')
+        sink = support.SyslogSink()
+        self.addCleanup(sink.close)
+        with Emulator(loaded=(), load_seconds=20) as emu:
+            proc = subprocess.run(
+                [unshare, "--mount", "--propagation", "private", "/bin/sh", "-c", setup,
+                 "sh", work, command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, timeout=120, env=support.cron_env(
+                    GPU_PREFLIGHT_HOST=emu.url, GPU_PREFLIGHT_SYSLOG_ADDRESS=sink.path))
+        self.assertEqual((proc.returncode, proc.stdout), (0, b""), command)
+        with open(marker) as handle:
+            self.assertEqual(handle.read(), "ran\n")
+        fields = support.parse_fields(sink.messages()[0].partition("]: ")[2])
+        self.assertEqual((fields["result"], fields["was_loaded"]), ("ready", "no"))
+        self.assertGreaterEqual(int(fields["load_ms"]), 20000)
 
     def test_slurm_health_check_script(self):
         scripts = [body for info, body in readme_blocks()

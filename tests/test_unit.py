@@ -422,6 +422,26 @@ class ConfigPrecedenceTest(unittest.TestCase):
         self.assertIsNone(opts.keep_alive)
         self.assertEqual(opts.syslog_address, "/dev/log")
 
+    def test_a_load_gets_60_s_and_a_default_deadline_makes_room_for_it(self):
+        """--load-timeout is 60 by default; a default --deadline grows by it for
+        each model to load (from process start, kept by the next --wait
+        attempt), a --deadline given does not."""
+        opts = self.resolve(["--wait", "5"])
+        self.assertEqual((opts.load_timeout, opts.deadline), (60.0, 15.0))
+        run = gp.Run(opts, 100.0)
+        run.make_room_for_loads(0)
+        self.assertEqual(run.deadline_s(), 15.0)
+        run.make_room_for_loads(2)
+        self.assertEqual((run.deadline_at, run.deadline_s()), (235.0, 135.0))
+        self.assertEqual(run.next_attempt().deadline_at, 235.0)
+        for argv in (["--deadline", "15"], ["--deadline", "15", "--load-timeout", "5"]):
+            run = gp.Run(self.resolve(argv), 100.0)
+            run.make_room_for_loads(2)
+            self.assertEqual(run.deadline_s(), 15.0)
+        run = gp.Run(self.resolve([], {}, {"load-timeout": "5"}), 100.0)
+        run.make_room_for_loads(1)
+        self.assertEqual(run.deadline_s(), 15.0)
+
     def test_precedence_chain(self):
         env = {"GPU_PREFLIGHT_TIMEOUT": "5", "GPU_PREFLIGHT_MODEL": "envmodel"}
         file_values = {"timeout": "7", "model": "filemodel", "deadline": "20"}
@@ -546,6 +566,7 @@ class StateKeyTest(unittest.TestCase):
     OTHER = {
         "host": "http://127.0.0.2:11434", "api": "openai", "token-file": "/etc/t",
         "cafile": "/etc/ca.pem", "insecure": None, "timeout": "7", "deadline": "30",
+        "load-timeout": "120",
         "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
         "ollama-option": "num_ctx=8192", "allow-cpu": None, "gpu": None,
         "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
