@@ -10,8 +10,8 @@ replies, NDJSON streaming by default, cold loads that send no byte until
 loaded and abort when the client hangs up).  Other paths get gin's "404 page
 not found", wrong methods "405 method not allowed".
 
-Several models, each generative or embedding, with capabilities, a size, a
-load time and optionally a forced GPU share (Model, or a spec string
+Several models, each generative, embedding or cloud, with capabilities, a
+size, a load time and optionally a forced GPU share (Model, or a spec string
 "NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]]", e.g.
 "nomic-embed-text:latest=embed" or "qwen3:latest=generate:completion,tools").
 What the server says depends on `version` (default 0.32.15), as the real one:
