@@ -572,6 +572,7 @@ def check_service(run, client):
                        "(ollama pull NAME) and name it with --model")
         if opts.model:
             choose_models(run, listed, opts.model, "present on the server", "it has")
+            judge_cloud(run)
     if opts.warmup != "off" or not opts.model:
         running = None
         try:
@@ -579,11 +580,14 @@ def check_service(run, client):
                 running = running_models(run, client, budget)
         except Fail as exc:
             run.notes.append("loaded models unknown (%s)" % exc.reason)
-        if not opts.model:          # one already loaded, else the first listed
+        if not opts.model:          # one already loaded, else the first local one listed
             loaded = [find_model(_name(m), [_name(e) for e in listed]) for m in running or ()]
-            choose_models(run, listed, [n for n in loaded if n][:1] or [_name(listed[0])])
+            first = [e for e in listed if not is_cloud(_name(e), e)] or listed
+            choose_models(run, listed, [n for n in loaded if n][:1] or [_name(first[0])])
+            judge_cloud(run)
         for model in run.models:
-            model["was_loaded"] = None if running is None else bool(entries_of(model, running))
+            model["was_loaded"] = None if running is None or model["cloud"] else bool(
+                entries_of(model, running))
         if opts.warmup != "off":
             run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
     if opts.require or opts.warmup != "off":
@@ -599,7 +603,8 @@ def check_service(run, client):
                 model["kind"] = "embed"
                 ollama_embed(run, client, model)
     check_requirements(run, observed=True)
-    if not opts.allow_cpu or len(run.models) > 1:   # a reload may land elsewhere
+    local = local_models(run)
+    if local and (not opts.allow_cpu or len(local) > 1):   # a reload may land elsewhere
         with run.step("placement") as budget:
             running = running_models(run, client, budget)
             if running is None:
@@ -611,9 +616,11 @@ def check_service(run, client):
 
 def choose_models(run, listed, wanted, where=None, listing=None):
     """run.models: the entries of listed (the server's model list) that mean
-    the names wanted, in that order; Fail (78) naming every one missing."""
+    the names wanted, in that order (an unlisted Ollama NAME:cloud too); Fail
+    (78) naming every one missing."""
     names = [_name(e) for e in listed]
-    found = [find_model(w, names) for w in wanted]
+    found = [find_model(w, names) or (w if run.api == "ollama" and is_cloud(w, {}) else None)
+             for w in wanted]       # NAME:cloud runs unpulled (Ollama 0.17.6 on)
     missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
     if missing:
         raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
@@ -621,10 +628,11 @@ def choose_models(run, listed, wanted, where=None, listing=None):
             "are not" if len(missing) > 1 else "is not", where,
             missing_hint(missing, names, run.api == "ollama"),
             listing, sanitise(", ".join(names[:10]) or "no models")))
+    entries = [listed[names.index(n)] if n in names else {"name": n} for n in found]
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
                        resident=None, size_vram=None, size=None, was_loaded=None, load_ms=None,
-                       reason="",
-                       entry=listed[names.index(n)]) for n in found]
+                       reason="", entry=e, cloud=run.api == "ollama" and is_cloud(n, e))
+                  for n, e in zip(found, entries)]
     run.model = found[0]
 
 
@@ -650,6 +658,36 @@ def find_model(wanted, names):
     """The listed name meaning model wanted (the exact one first), or None."""
     found = [n for n in names if n == wanted] or [n for n in names if same_model(n, wanted)]
     return found[0] if found else None
+
+
+#: A reference Ollama sends to ollama.com, pulled or not: NAME:cloud or
+#: NAME:TAG-cloud (internal/modelref parseSourceSuffix: after the last colon).
+_CLOUD_REF = r"(?i):([^:/]*-)?cloud\s*$"
+
+
+def is_cloud(name, entry):
+    """Whether Ollama runs this model on ollama.com, not on this host: its
+    /api/tags entry has a remote_host (Ollama 0.12 on), or its name asks for it."""
+    return bool(entry.get("remote_host")) or re.search(_CLOUD_REF, name) is not None
+
+
+def judge_cloud(run):
+    """Fail (78) for a cloud model unless --allow-cloud: its answer comes from
+    ollama.com and proves nothing of this host's GPU; allowed, a note says so."""
+    cloud = [m["name"] for m in run.models if m["cloud"]]
+    named, one = sanitise(", ".join(cloud)), len(cloud) == 1
+    if cloud and not run.opts.allow_cloud:
+        raise Fail(EX_CONFIG, "%s %s (%s on ollama.com, not on this host's GPU): name a "
+                   "local model, or pass --allow-cloud to accept %s" % (
+                       named, "is an Ollama cloud model" if one else "are Ollama cloud "
+                       "models", "runs" if one else "run", "it" if one else "them"), "tags")
+    if cloud:
+        run.notes.append("%s ran on ollama.com (Ollama cloud), not on this GPU" % named)
+
+
+def local_models(run):
+    """The models that run on this host: placement is judged for these alone."""
+    return [m for m in run.models if not m["cloud"]]
 
 
 def entries_of(model, running):
@@ -911,22 +949,24 @@ def whole_number(doc, key, what):
 
 def check_placement(run, running):
     """After the warm-ups: every model still resident (not unloaded when a
-    later one loaded) and in VRAM (size_vram 0 is Ollama's CPU fallback)."""
-    for model in run.models:
+    later one loaded) and in VRAM (size_vram 0 is Ollama's CPU fallback);
+    a cloud model is in neither."""
+    models = local_models(run)
+    for model in models:
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
         if entries:
             model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
                                                  for key in ("size", "size_vram"))
-    gone = [m for m in run.models if not m["resident"]]
-    if gone and len(gone) == len(run.models):
+    gone = [m for m in models if not m["resident"]]
+    if gone and len(gone) == len(models):
         run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
-                         "GPU placement not verified" % ("model" if len(gone) == 1
-                                                         else model_names(run)))
+                         "GPU placement not verified" % ("model" if len(run.models) == 1
+                                                         else ", ".join(m["name"] for m in gone)))
         return
     unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
              "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
-    for model in run.models:
+    for model in models:
         size, vram = model["size"], model["size_vram"]
         if not size or vram is None:
             run.notes.append("GPU placement of %s not reported by the server"
@@ -1234,7 +1274,9 @@ def classify_answer(what, status, body, api="ollama"):
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
     said = "%s: %d %s" % (what, status, quoted)
+    cloud = cloud_refusal(status, message, body)
     return next((code, reason) for applies, code, reason in (
+        (cloud is not None, EX_CONFIG, "%s: %d %s: %s" % (what, status, quoted, cloud)),
         (status in (401, 403) and api == "openai", EX_CONFIG, said + ": the server refuses "
          "the credentials: check the token (--token-file or GPU_PREFLIGHT_TOKEN)"),
         (status == 403, EX_CONFIG, "%s: 403 forbidden: Ollama's host guard refuses this "
@@ -1252,6 +1294,24 @@ def classify_answer(what, status, body, api="ollama"):
         (status in (400, 404), EX_CONFIG, said),
         (what.startswith("POST"), classify_runner_error(message), said),
         (True, EX_UNAVAILABLE, "%s: HTTP %d %s" % (what, status, quoted))) if applies)
+
+
+def cloud_refusal(status, message, body):
+    """Why Ollama refuses a cloud model, or None: cloud turned off on the
+    server (403, internal/cloud/policy.go), or the server not signed in to
+    ollama.com (401 with the sign-in link, server/routes.go)."""
+    if status == 403 and message.startswith("ollama cloud is disabled"):
+        return ("the server has Ollama cloud turned off (OLLAMA_NO_CLOUD=1, or "
+                "disable_ollama_cloud in its server.json): turn it on, or use a local model")
+    try:
+        link = status == 401 and parse_json(body.decode("utf-8", "replace"))["signin_url"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if isinstance(link, str):                       # its query: host name and key
+        return ("the Ollama server is not signed in to ollama.com: run ollama signin "
+                "on the server's host (it prints the link, %s?...)"
+                % sanitise(link.split("?")[0].split("#")[0], 80))
+    return None
 
 
 def answer_message(body):
@@ -2366,6 +2426,7 @@ def verdict_facts(run, elapsed_ms):
     ready, models, opts = run.code == EX_OK, run.models, run.opts
     loaded = models[0]["was_loaded"] if models else None
     first_load = models[0]["load_ms"] if models else None
+    cloud = any(m["cloud"] for m in models)
     return [
         ("result", "result", "ready" if ready else "skip"), (None, "ready", ready),
         ("code", "exit_code", run.code), ("stage", "stage", run.stage),
@@ -2374,7 +2435,8 @@ def verdict_facts(run, elapsed_ms):
         ("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
         ("models" if len(models) > 1 else None, "models",
          [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms", "resident",
-                                   "size_vram", "was_loaded", "load_ms", "reason"))
+                                   "size_vram", "was_loaded", "load_ms", "cloud",
+                                   "reason"))
           for m in models],
          ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
                                  else "%dms" % m["warmup_ms"]) for m in models)),
@@ -2384,6 +2446,7 @@ def verdict_facts(run, elapsed_ms):
         ("load_ms" if loaded is False and first_load is not None else None,
          "model_load_ms", first_load, first_load is not None and int(round(first_load))),
         ("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
+        ("cloud" if cloud else None, "cloud", cloud, "yes"),
         ("api" if run.api != "ollama" else None, "api", run.api),
         ("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
         ("shared" if run.reused else None, "reused", run.reused is not None, "reused"),
@@ -2893,6 +2956,10 @@ OPTIONS = (
          "repeatable"),
         ("allow-cpu", None, CHECK, "flag", False, None,
          "accept a model that Ollama runs on the CPU (size_vram 0)"),
+        ("allow-cloud", None, CHECK, "flag", False, None,
+         "accept an Ollama cloud model (remote_host in /api/tags, NAME:cloud, "
+         "a -cloud tag): it runs on ollama.com, so it is warmed but left out of "
+         "the placement check"),
     )),
     ("the GPU", (
         ("gpu", None, CHECK, "flag", False, None,

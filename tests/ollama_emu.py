@@ -10,8 +10,8 @@ replies, NDJSON streaming by default, cold loads that send no byte until
 loaded and abort when the client that started them hangs up).  Other paths
 get gin's "404 page not found", wrong methods "405 method not allowed".
 
-Several models, each generative or embedding, with capabilities, a size, a
-load time and optionally a forced GPU share (Model, or a spec string
+Several models, each generative, embedding or cloud, with capabilities, a
+size, a load time and optionally a forced GPU share (Model, or a spec string
 "NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]]", e.g.
 "nomic-embed-text:latest=embed" or "qwen3:latest=generate:completion,tools").
 What the server says depends on `version` (default 0.32.15), as the real one:
@@ -40,6 +40,13 @@ What the server says depends on `version` (default 0.32.15), as the real one:
                  blob=, as ollama cp makes them) share one digest and one
                  runner, listed once in /api/ps under the name that loaded it
   /api/ps        404 before 0.1.38; context_length from 0.10.0
+  cloud models   (0.12.0 on; kind "cloud") listed in /api/tags with remote_model
+                 and remote_host, never loaded, never in /api/ps; generate for
+                 one, or for any NAME:cloud / NAME:TAG-cloud reference (listed or
+                 not), is relayed to ollama.com; `cloud` says what the server's
+                 account and policy let through: "signed_in" (answers),
+                 "disabled" (OLLAMA_NO_CLOUD: 403) or "signed_out" (401 with a
+                 signin_url)
   wrong method   405 from 0.6.9, 404 before
 
 Modes (fault_on / --fault-on restricts a fault to one path, default "all"):
@@ -158,7 +165,12 @@ _CAP_SINCE = {"thinking": (0, 9, 0), "image": (0, 14, 0), "audio": (0, 20, 0)}
 _GO_ENGINE_ARCHS = ("gemma3", "gemma3n", "qwen3", "qwen3moe", "qwen25vl", "llama4",
                     "mistral3", "gptoss", "mllama")
 EMBED_SIZE = 274302450               # nomic-embed-text:latest, bytes
-KINDS = ("generate", "embed")
+CLOUD_MANIFEST_SIZE = 384            # a cloud model's manifest: config, no weights
+KINDS = ("generate", "embed", "cloud")
+#: What the server's ollama.com account and OLLAMA_NO_CLOUD let a cloud request do.
+CLOUD_STATES = ("signed_in", "disabled", "signed_out")
+#: server/cloud_proxy.go defaultCloudProxyBaseURL: where cloud models run.
+CLOUD_HOST = "https://ollama.com:443"
 
 # Request fields whose JSON type the Go decoder enforces (Go type names), per struct.
 _FIELD_TYPES = {"model": "string", "prompt": "string", "suffix": "string",
@@ -223,7 +235,20 @@ def _canonical_model(name):
     return name
 
 
+def _cloud_base(name):
+    """The model a NAME:cloud or NAME:TAG-cloud reference asks ollama.com for,
+    or None for a reference without that suffix (internal/modelref/modelref.go
+    parseSourceSuffix: the text after the last colon, "cloud", or ending in
+    "-cloud" without a slash; any case)."""
+    head, colon, suffix = name.strip().rpartition(":")
+    lowered = suffix.strip().lower()
+    if not colon or (lowered != "cloud" and ("/" in suffix or not lowered.endswith("-cloud"))):
+        return None
+    return head if lowered == "cloud" else head + ":" + suffix.strip()[:-len("-cloud")]
+
+
 def _details(name):
+    name = _cloud_base(name) or name
     base = name.rsplit("/", 1)[-1].split(":")[0].lower()
     letters = re.match(r"[a-z]+", base)
     family = letters.group(0) if letters else "llama"
@@ -471,7 +496,9 @@ def _arch(name, kind):
 class Model(object):
     """A model the emulated server has pulled.
 
-    kind          "generate" or "embed" (a GGUF with <arch>.pooling_type)
+    kind          "generate" or "embed" (a GGUF with <arch>.pooling_type), or
+                  "cloud": a generative model that runs on ollama.com (its
+                  manifest holds a config with remote_host, no weights)
     capabilities  what /api/show and /api/tags report (default ["completion"]
                   or ["embedding"]); the server checks requests against them
     size          bytes (default: the emulator's size, or 274302450 for embed)
@@ -566,13 +593,19 @@ class Emulator(HTTPEmulator):
     version     the release it answers as (what differs: module docstring)
     vram_mib    the VRAM budget of the scheduler (None: unlimited)
     max_loaded  OLLAMA_MAX_LOADED_MODELS (None or 0: 1 before 0.2.0, else 3)
+    cloud       what a cloud request gets: one of CLOUD_STATES (module docstring)
     """
 
     def __init__(self, mode="healthy", models=("llama3.2:latest",), loaded=None,
                  load_seconds=5.0, fault_on="all", host="127.0.0.1", port=0,
-                 size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None):
+                 size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None,
+                 cloud="signed_in"):
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
+        if cloud not in CLOUD_STATES:
+            raise ValueError("unknown cloud state %r (one of %s)"
+                             % (cloud, ", ".join(CLOUD_STATES)))
+        self.cloud = cloud
         HTTPEmulator.__init__(self, mode, fault_on, host, port, load_seconds)
         specs = [m if isinstance(m, Model) else Model.parse(m) for m in models]
         self.specs = dict((m.name, m) for m in specs)
@@ -580,6 +613,10 @@ class Emulator(HTTPEmulator):
         self.v = _version_tuple(version)
         if self.v < (0, 1, 26) and any(m.kind == "embed" for m in specs):
             raise ValueError("Ollama %s has no embedding models (0.1.26 on)" % version)
+        if self.v < (0, 12, 0) and any(m.kind == "cloud" for m in specs):
+            raise ValueError("Ollama %s has no cloud models (0.12.0 on)" % version)
+        if self.v < (0, 16, 2) and cloud == "disabled":   # OLLAMA_NO_CLOUD, #14221
+            raise ValueError("Ollama %s cannot disable cloud (0.16.2 on)" % version)
         self.vram = None if vram_mib is None else int(float(vram_mib) * 1024 * 1024)
         self.max_loaded = max_loaded or (1 if self.v < (0, 2, 0) else 3)
         self.loaded = set()
@@ -594,6 +631,8 @@ class Emulator(HTTPEmulator):
             loaded = ()
         for name in (self.models[:1] if loaded is None else loaded):
             name = self._resolve(name) or name
+            if self._spec(name).kind == "cloud":
+                continue                  # nothing of it runs here
             self._vram[name] = self._placement(self._spec(name))
             self.loaded.add(name)
         self._modified = _rfc3339(_local_now())
@@ -727,6 +766,8 @@ class Emulator(HTTPEmulator):
     def _size(self, spec):
         if spec.size is not None:
             return spec.size
+        if spec.kind == "cloud":
+            return CLOUD_MANIFEST_SIZE
         return EMBED_SIZE if spec.kind == "embed" else self.size
 
     def _caps(self, spec):
@@ -749,10 +790,13 @@ class Emulator(HTTPEmulator):
 
     def _tag_entry(self, name):
         spec = self._spec(name)
-        entry = {"name": name, "model": name, "modified_at": self._modified,
-                 "size": self._size(spec),
-                 "digest": hashlib.sha256((spec.blob or name).encode("utf-8")).hexdigest(),
-                 "details": self._details(spec)}
+        entry = {"name": name, "model": name}
+        if spec.kind == "cloud":          # api.ListModelResponse, from the model's config
+            entry.update([("remote_model", _cloud_base(name) or name),
+                          ("remote_host", CLOUD_HOST)])
+        entry.update([("modified_at", self._modified), ("size", self._size(spec)),
+                      ("digest", hashlib.sha256((spec.blob or name).encode("utf-8"))
+                       .hexdigest()), ("details", self._details(spec))])
         if self.v >= (0, 30, 0):
             entry["details"].update([("context_length", 2048 if spec.kind == "embed"
                                       else 131072), ("embedding_length", spec.dims)])
@@ -799,9 +843,14 @@ class Emulator(HTTPEmulator):
         if not raw_name:
             return _error(400, "model is required")
         name = self._resolve(raw_name)
-        if name is None:
+        refusal = self._cloud_refusal(raw_name, name, "remote model details are unavailable",
+                                      relayed=self._cloud_ref(raw_name))
+        if refusal:
+            return refusal
+        if name is None and not self._cloud_ref(raw_name):
             shown = raw_name if ":" in raw_name.rsplit("/", 1)[-1] else raw_name + ":latest"
             return _error(404, "model '%s' not found" % shown)
+        name = name or raw_name           # unlisted NAME:cloud: ollama.com's card
         spec = self._spec(name)
         caps = self._caps(spec)
         if spec.kind == "embed":
@@ -900,6 +949,8 @@ class Emulator(HTTPEmulator):
         if not raw_name.strip():
             return self._missing_model(raw_name, mode)
         name = self._resolve(raw_name)
+        if self._cloud_ref(raw_name) or self._spec(name or raw_name).kind == "cloud":
+            return self._relay(req, raw_name, name)
         if name is None:
             return _error(404, "model '%s' not found" % raw_name)
         prompt = req.get("prompt") or ""
@@ -927,6 +978,54 @@ class Emulator(HTTPEmulator):
             return None
         self._release(name, keep)
         return self._generate_reply(req, raw_name, prompt, load_ns, mode)
+
+    def _cloud_ref(self, raw_name):
+        """NAME:cloud, NAME:TAG-cloud: proxied to ollama.com unpulled from 0.17.6
+        ("don't require pulling stubs for cloud models", #14574); before, only a
+        pulled (listed) one runs, as a listed remote model."""
+        return self.v >= (0, 17, 6) and _cloud_base(raw_name) is not None
+
+    def _cloud_refusal(self, raw_name, name, operation, relayed=True):
+        """What a request for a cloud model gets before anything is relayed, or None:
+        403 when cloud is off (internal/cloud/policy.go DisabledError, routes.go
+        GenerateHandler and ShowHandler, cloud_proxy.go proxyCloudRequestWithPath),
+        401 with the server key's sign-in link when it is not signed in and the
+        request goes to ollama.com (relayed; routes.go {"error": "unauthorized",
+        "signin_url": signinURL()}, signinURLStr
+        "https://ollama.com/connect?name=%s&key=%s": host name, public key)."""
+        if not self._cloud_ref(raw_name) and self._spec(name or raw_name).kind != "cloud":
+            return None
+        if self.cloud == "disabled":
+            return _error(403, "ollama cloud is disabled: " + operation)
+        if self.cloud == "signed_out" and relayed:
+            return _json_reply(401, {"error": "unauthorized", "signin_url":
+                                     "https://ollama.com/connect?name=gpu-host&key="
+                                     "c3NoLWVkMjU1MTkgQUFBQUMzTnphQzFsWkRJMU5URTVBQUFBSQ"})
+        return None
+
+    def _relay(self, req, raw_name, name):
+        """POST /api/generate for a cloud model: no scheduler, no load, nothing in
+        /api/ps; ollama.com's answer passed on.  A NAME:cloud reference is proxied
+        as it is (routes.go GenerateHandler, modelSourceCloud ->
+        proxyCloudJSONRequest); a listed remote model is re-asked of remote_host,
+        each answer written as one JSON line with model, remote_model and
+        remote_host set (the `m.Config.RemoteHost != ""` branch)."""
+        refusal = self._cloud_refusal(raw_name, name, "remote model is unavailable")
+        if refusal:
+            return refusal
+        options = req.get("options") or {}
+        final = {"model": _cloud_base(raw_name) if self._cloud_ref(raw_name) else raw_name}
+        if not self._cloud_ref(raw_name):
+            final.update([("remote_model", _cloud_base(name) or name),
+                          ("remote_host", CLOUD_HOST)])
+        final.update([("created_at", _rfc3339(datetime.datetime.now(datetime.timezone.utc),
+                                              utc=True)),
+                      ("response", "Hello" if req.get("prompt") else ""), ("done", True),
+                      ("done_reason", "length" if options.get("num_predict") == 1 else "stop"),
+                      ("total_duration", 412000000), ("prompt_eval_count", 11),
+                      ("eval_count", 1)])
+        return _Reply(200, _dumps(final) + b"\n", JSON_CT if req.get("stream") is False
+                      else NDJSON_CT)
 
     def _chat(self, h, body, mode, t0):
         """POST /api/chat (ChatHandler): like generate, with messages and tools."""
@@ -1259,8 +1358,8 @@ def main(argv=None):
                         help="behaviour, see below (default healthy)")
     parser.add_argument("--model", action="append", metavar="SPEC",
                         help="a model /api/tags lists (repeatable; default llama3.2:latest): "
-                        "NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]], KIND generate or "
-                        "embed, CAPS comma-separated (completion,tools,...), empty fields "
+                        "NAME[=KIND[:CAPS[:SIZE_MIB[:LOAD_S[:GPU_PCT]]]]], KIND generate, "
+                        "embed or cloud, CAPS comma-separated (completion,tools,...), empty fields "
                         "default, e.g. nomic-embed-text:latest=embed")
     parser.add_argument("--loaded", action="append", metavar="NAME",
                         help="a model loaded at start (repeatable; default the first)")
@@ -1273,6 +1372,9 @@ def main(argv=None):
                         help="OLLAMA_MAX_LOADED_MODELS (default 1 before 0.2.0, else 3)")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
                         help="cold-load time, also the slow_start window (default 5)")
+    parser.add_argument("--cloud", default="signed_in", choices=CLOUD_STATES,
+                        help="what a cloud model's request gets: signed_in (answers), "
+                        "disabled (OLLAMA_NO_CLOUD: 403), signed_out (401 signin_url)")
     parser.add_argument("--fault-on", default="all", metavar="PATH",
                         help="apply the mode only to this path, e.g. /api/generate (default all)")
     args = parser.parse_args(argv)
@@ -1283,7 +1385,8 @@ def main(argv=None):
                        load_seconds=args.load_seconds, fault_on=args.fault_on,
                        host=args.host, version=args.version,
                        port=args.port if args.port is not None else 0 if command else 11434,
-                       vram_mib=args.vram_mib, max_loaded=args.max_loaded)
+                       vram_mib=args.vram_mib, max_loaded=args.max_loaded,
+                       cloud=args.cloud)
     except ValueError as exc:
         parser.error(str(exc))
     details = "mode=%s version=%s models=%s loaded=%s" % (

@@ -493,6 +493,104 @@ class AgentJobTest(ModelsCase):
                 self.assertEqual(os.path.exists(marker), code == 0, label)
 
 
+def gpt_oss_cloud():
+    """gpt-oss:120b-cloud as `ollama pull` leaves it: listed with remote_host."""
+    return Model("gpt-oss:120b-cloud", "cloud", ["completion", "tools", "thinking"])
+
+
+class CloudModelTest(ModelsCase):
+    """Ollama cloud models (/api/tags remote_host, or a NAME:cloud / -cloud
+    reference) run on ollama.com: they never prove this host's GPU, never sit
+    in /api/ps, and their refusals (cloud off, not signed in) are named."""
+
+    def test_a_cloud_model_is_a_configuration_error_and_nothing_is_sent_to_it(self):
+        """Listed with remote_host: 78 naming it and --allow-cloud, at the tags
+        stage; no warm-up, no /api/show, no /api/ps (today: 0 "answered a token")."""
+        emu = self.ollama(gpt_oss_cloud(), llama())
+        entry = json.loads(urllib.request.urlopen(emu.url + "/api/tags").read())["models"][0]
+        self.assertEqual((entry["remote_model"], entry["remote_host"]),
+                         ("gpt-oss:120b", "https://ollama.com:443"))
+        emu.requests[:] = []
+        fields = self.verdict(self.check(emu.url, "--model", "gpt-oss:120b-cloud"), 78,
+                              "gpt-oss:120b-cloud is an Ollama cloud model (runs on "
+                              "ollama.com, not on this host's GPU)", "--allow-cloud")
+        self.assertEqual(fields["stage"], "tags")
+        self.assertEqual([(r.method, r.path) for r in emu.requests], [("GET", "/api/tags")])
+
+    def test_allowed_it_is_warmed_reported_cloud_and_left_out_of_placement(self):
+        """--allow-cloud: one relayed generate, ready with cloud=yes (log, --json);
+        no GET /api/ps after it (it is never there), no "not resident" note."""
+        emu = self.ollama(gpt_oss_cloud())
+        res = self.check(emu.url, "--model", "gpt-oss:120b-cloud", "--allow-cloud", "--json")
+        fields = self.verdict(res, 0, "gpt-oss:120b-cloud answered a token", "ollama.com",
+                              quiet=False)
+        self.assertEqual(fields["cloud"], "yes")
+        self.assertNotIn("resident", fields["reason"])
+        doc = json.loads(res.stdout)
+        self.assertIs(doc["cloud"], True)
+        self.assertEqual([(m["name"], m["cloud"]) for m in doc["models"]],
+                         [("gpt-oss:120b-cloud", True)])
+        self.assertNotIn("placement", [s["name"] for s in doc["stages"]])
+        self.assertEqual(self.warmups(emu), [("/api/generate", "gpt-oss:120b-cloud", 200)])
+        answer = emu.posts()[0]
+        self.assertEqual([r.path for r in emu.requests if r.started >= answer.ended], [])
+        self.assertEqual(emu.loaded, set())
+
+    def test_a_local_embedding_model_beside_a_cloud_chat_model_is_judged_alone(self):
+        """The agent pair: the embedder resident is ready (today 75 "do not fit
+        together"), and its own placement still counts: on the CPU it is 69."""
+        args = ("--model", "gpt-oss:120b-cloud", "--model", "nomic-embed-text",
+                "--allow-cloud")
+        emu = self.ollama(gpt_oss_cloud(), nomic())
+        fields = self.verdict(self.check(emu.url, *args), 0, "nomic-embed-text:latest a vector")
+        self.assertEqual((fields["cloud"], fields["vram_pct"]), ("yes", "100"))
+        self.assertEqual(self.warmups(emu), [("/api/generate", "gpt-oss:120b-cloud", 200),
+                                             ("/api/embed", "nomic-embed-text:latest", 200)])
+        self.assertOneLatePs(emu)
+        self.assertEqual(emu.loaded, {"nomic-embed-text:latest"})
+        self.drain()
+        emu = self.ollama(gpt_oss_cloud(), nomic(gpu_pct=0))
+        self.verdict(self.check(emu.url, *args), 69, "nomic-embed-text:latest", "CPU")
+
+    def test_an_unlisted_cloud_reference_is_a_cloud_model_not_a_pull(self):
+        """NAME:TAG-cloud and NAME:cloud need no pull (Ollama 0.17.6 on): 78 cloud,
+        never "ollama pull", nothing warmed; --allow-cloud warms it (relayed)."""
+        emu = self.ollama(llama())
+        for ref in ("qwen3-coder:480b-cloud", "deepseek-v3.1:671b-cloud", "gpt-oss:20b:cloud"):
+            with self.subTest(ref=ref):
+                self.drain()
+                res = self.check(emu.url, "--model", ref)
+                fields = self.verdict(res, 78, "%s is an Ollama cloud model" % ref)
+                self.assertNotIn("pull", fields["reason"])
+        self.assertEqual(emu.posts(), [])
+        self.drain()
+        res = self.check(emu.url, "--model", "qwen3-coder:480b-cloud", "--allow-cloud")
+        self.assertEqual(self.verdict(res, 0)["cloud"], "yes")
+        self.assertEqual(self.warmups(emu), [("/api/generate", "qwen3-coder:480b-cloud", 200)])
+
+    def test_cloud_turned_off_on_the_server_names_ollama_no_cloud(self):
+        """403 "ollama cloud is disabled": 78 naming OLLAMA_NO_CLOUD, not Ollama's
+        host guard (the 403 of a wrong Host header)."""
+        emu = self.ollama(gpt_oss_cloud(), cloud="disabled")
+        self.assertEqual(refuse(emu, "gpt-oss:120b-cloud"),
+                         "ollama cloud is disabled: remote model is unavailable")
+        emu.requests[:] = []
+        res = self.check(emu.url, "--model", "gpt-oss:120b-cloud", "--allow-cloud")
+        fields = self.verdict(res, 78, "403 ollama cloud is disabled", "OLLAMA_NO_CLOUD")
+        self.assertNotIn("host guard", fields["reason"])
+        self.assertEqual(self.warmups(emu), [("/api/generate", "gpt-oss:120b-cloud", 403)])
+
+    def test_a_server_not_signed_in_says_run_ollama_signin(self):
+        """401 {"error":"unauthorized","signin_url":...}: 78 "run ollama signin",
+        the link without its query (the host name and the server's key)."""
+        emu = self.ollama(gpt_oss_cloud(), cloud="signed_out")
+        res = self.check(emu.url, "--model", "gpt-oss:120b-cloud", "--allow-cloud")
+        fields = self.verdict(res, 78, "401 unauthorized", "run ollama signin",
+                              "https://ollama.com/connect")
+        self.assertNotIn("key=", fields["reason"])
+        self.assertNotIn("gpu-host", fields["reason"])
+
+
 class ResultAndMetricsTest(ModelsCase):
     def test_metrics_carry_the_model_list_and_one_warmup_family_per_model(self):
         metrics = os.path.join(self.dir, "gpu.prom")

@@ -97,6 +97,19 @@ class ModelNameTest(unittest.TestCase):
         self.assertFalse(gp.same_model("llama3.2:1b", "llama3.2"))
         self.assertFalse(gp.same_model("llama3", "llama3.2"))
 
+    def test_cloud_models_as_ollama_tells_them(self):
+        """remote_host in the /api/tags entry, or a reference Ollama sends to
+        ollama.com (internal/modelref parseSourceSuffix: after the last colon)."""
+        for name, entry, cloud in (
+                ("gpt-oss:120b-cloud", {}, True), ("gpt-oss:20b:cloud", {}, True),
+                ("kimi-k2:1t-CLOUD", {}, True), ("minimax-m2:cloud", {}, True),
+                ("mine:latest", {"remote_host": "https://ollama.com:443"}, True),
+                ("mine:latest", {"remote_host": ""}, False), ("qwen3:8b", {}, False),
+                ("soundcloud", {}, False), ("x-cloud", {}, False),
+                ("reg:5000/team/m-cloud", {}, False), ("m:a/b-cloud", {}, False)):
+            with self.subTest(name=name, entry=entry):
+                self.assertIs(gp.is_cloud(name, entry), cloud)
+
 
 class RouterStateTest(unittest.TestCase):
     def test_only_a_status_object_with_a_string_value_says_a_load_state(self):
@@ -245,6 +258,13 @@ class ClassifyTest(unittest.TestCase):
             (gen, 500, b'{"error":"llama runner process has terminated: exit '
              b'status 2"}', 69, "exit status 2"),
             (gen, 401, b'{"detail":"Invalid API key"}', 78, "authentication"),
+            (gen, 403, b'{"error":"ollama cloud is disabled: remote model is unavailable"}',
+             78, "OLLAMA_NO_CLOUD"),
+            (gen, 401, b'{"error":"unauthorized","signin_url":"https://ollama.com/connect'
+             b'?name=h&key=c3No"}', 78, "run ollama signin on the server's host (it "
+             "prints the link, https://ollama.com/connect?...)"),
+            (gen, 401, b'{"error":"unauthorized"}', 78, "401 authentication required"),
+            (gen, 403, b'{"error":"forbidden"}', 78, "host guard"),
         ]
         for what, status, body, code, text in cases:
             with self.subTest(status=status, body=body):
@@ -568,7 +588,7 @@ class StateKeyTest(unittest.TestCase):
         "cafile": "/etc/ca.pem", "insecure": None, "timeout": "7", "deadline": "30",
         "load-timeout": "120",
         "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
-        "ollama-option": "num_ctx=8192", "allow-cpu": None, "gpu": None,
+        "ollama-option": "num_ctx=8192", "allow-cpu": None, "allow-cloud": None, "gpu": None,
         "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
         "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
         "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
