@@ -559,7 +559,10 @@ def check_service(run, client):
             choose_models(run, listed, [n for n in loaded if n][:1] or [_name(listed[0])])
         for model in run.models:
             model["was_loaded"] = None if running is None else bool(entries_of(model, running))
-            model["context_length"] = context_of(entries_of(model, running or ()))
+            try:                # a bad value is judged after the warm-up (placement)
+                model["context_length"] = context_of(entries_of(model, running or ()))
+            except Fail:
+                pass
     if opts.require or opts.warmup != "off":
         ollama_kinds(run, client)
         check_requirements(run)

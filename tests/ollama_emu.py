@@ -1173,13 +1173,16 @@ class Emulator(HTTPEmulator):
 
     def _runner_options(self, name, options):
         """The api.Runner a request with these options asks of name's runner:
-        num_ctx defaulted (server/routes.go modelOptions) and capped at the
-        model's training context (llm/server.go NewLlamaServer); a num_gpu
-        below 0 matches any (server/sched.go needsReload)."""
+        num_ctx defaulted (server/routes.go modelOptions), at least 4
+        (server/sched.go getRunner) and capped at the model's training
+        context (llm/server.go NewLlamaServer); a num_gpu below 0 matches
+        any (server/sched.go needsReload)."""
         options = options if isinstance(options, dict) else {}
         runner = dict((key, options.get(key)) for key in _RUNNER_OPTIONS)
         train = 2048 if self._spec(name).kind == "embed" else 131072
-        runner["num_ctx"] = min(int(options.get("num_ctx") or self.context_length), train)
+        asked = options.get("num_ctx")
+        asked = self.context_length if asked is None else max(int(asked), 4)
+        runner["num_ctx"] = min(asked, train)
         if isinstance(runner["num_gpu"], (int, float)) and runner["num_gpu"] < 0:
             runner["num_gpu"] = None
         return runner
