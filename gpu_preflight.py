@@ -16,11 +16,12 @@ process start, whatever the server or the driver does):
     show       POST /api/show       what the model can do, if /api/tags won't say
     warmup     POST /api/generate   one token from the model: the GPU answers
                POST /api/embed      one vector from an embedding model
-    placement  GET  /api/ps         the model sits in VRAM, not on the CPU
+    placement  GET  /api/ps         the model sits in VRAM, not on the CPU; its context
   or, with --api openai (vLLM, llama-server):
     health, models                  GET /health, GET /v1/models
     completion, chat or embedding   POST /v1/completions, /v1/chat/completions
                                     or /v1/embeddings: a token or a vector
+    props                           GET /props: llama-server's context (--min-context)
 
 Exit status (1..254 only, so systemd's ExecCondition= skips and never fails):
 
@@ -135,7 +136,7 @@ STAGE_WHAT = {
     "warmup": "POST /api/generate", "placement": "GET /api/ps",
     "health": "GET /health", "models": "GET /v1/models",
     "completion": "POST /v1/completions", "chat": "POST /v1/chat/completions",
-    "embedding": "POST /v1/embeddings",
+    "embedding": "POST /v1/embeddings", "props": "GET /props",
 }
 
 #: A decimal number, as flags and nvidia-smi write one.
@@ -573,7 +574,7 @@ def check_service(run, client):
         if opts.model:
             choose_models(run, listed, opts.model, "present on the server", "it has")
             judge_cloud(run)
-    if opts.warmup != "off" or not opts.model:
+    if opts.warmup != "off" or not opts.model or opts.min_context:
         running = None
         try:
             with run.step("loaded", optional=True) as budget:
@@ -588,12 +589,17 @@ def check_service(run, client):
         for model in run.models:
             model["was_loaded"] = None if running is None or model["cloud"] else bool(
                 entries_of(model, running))
+            try:                # a bad value is judged after the warm-up (placement)
+                model["context_length"] = context_of(entries_of(model, running or ()))
+            except Fail:
+                pass
         if opts.warmup != "off":
             run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
     if opts.require or opts.warmup != "off":
         ollama_kinds(run, client)
         check_requirements(run)
     if opts.warmup == "off":
+        check_context(run)
         return "service up, %s present (warm-up off)" % model_names(run)
     for model in run.models:    # one after another: a load can take the GPU
         with run.timing(model):
@@ -604,13 +610,14 @@ def check_service(run, client):
                 ollama_embed(run, client, model)
     check_requirements(run, observed=True)
     local = local_models(run)
-    if local and (not opts.allow_cpu or len(local) > 1):   # a reload may land elsewhere
-        with run.step("placement") as budget:
+    if local and (not opts.allow_cpu or len(local) > 1 or opts.min_context):
+        with run.step("placement") as budget:   # a reload may land elsewhere
             running = running_models(run, client, budget)
             if running is None:
                 run.notes.append("GPU placement not verified")
             else:
                 check_placement(run, running)
+    check_context(run)
     return answered(run)
 
 
@@ -631,7 +638,8 @@ def choose_models(run, listed, wanted, where=None, listing=None):
     entries = [listed[names.index(n)] if n in names else {"name": n} for n in found]
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
                        resident=None, size_vram=None, size=None, was_loaded=None, load_ms=None,
-                       reason="", entry=e, cloud=run.api == "ollama" and is_cloud(n, e))
+                       context_length=None, reason="", entry=e,
+                       cloud=run.api == "ollama" and is_cloud(n, e))
                   for n, e in zip(found, entries)]
     run.model = found[0]
 
@@ -795,8 +803,8 @@ _EMBEDDING_REFUSAL = r"(?i)(does not support generate|embedding models do not su
 def ollama_generate(run, client, model):
     """POST /api/generate: one token (or only the load); False from an embedding model."""
     opts = run.opts
-    payload = ollama_payload(opts, model, dict(opts.ollama_option, num_predict=1),
-                             stream=False,
+    options = runner_options(opts, model)
+    payload = ollama_payload(opts, model, dict(options, num_predict=1), stream=False,
                              prompt=WARMUP_PROMPT if opts.warmup == "token" else "")
     what = "POST /api/generate for %s" % model["name"]
     with run.step("warmup", model=model) as budget:
@@ -820,14 +828,52 @@ def ollama_generate(run, client, model):
                        "model: nothing was loaded or run")
         load_ns = whole_number(final, "load_duration", what)
         model["load_ms"] = load_ms(load_ns)
-        if load_ns and load_ns > 1e9:
-            run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
+        judge_load(run, model, load_ns, options)
     return True
 
 
 def load_ms(load_ns):
     """Ollama's load_duration (ns; absent from a load-only answer) in ms, or None."""
     return None if load_ns is None else round(load_ns / 1e6, 1)
+
+
+def runner_options(opts, model):
+    """The warm-up's runner options: the job's (--ollama-option) and, for a
+    model already loaded, its runner's num_ctx unless the job names one.
+    Ollama reloads a runner whose options differ from a request's, num_ctx
+    included (server/sched.go needsReload compares api.Runner), and a request
+    without num_ctx asks for the server's default; /api/ps context_length is
+    the runner's per-sequence num_ctx, the very value compared (PsHandler and
+    needsReload divide by OLLAMA_NUM_PARALLEL alike in 0.10 and 0.11; the
+    runner holds it per sequence from 0.12; llm/llama_server.go ContextLength)."""
+    options = dict(opts.ollama_option)
+    if model["was_loaded"] and model["context_length"] and "num_ctx" not in options:
+        options["num_ctx"] = model["context_length"]
+    return options
+
+
+def judge_load(run, model, load_ns, options):
+    """A warm-up's load_duration: a note of a load over 1 s, and a problem
+    when the model was loaded before (the warm-up reloaded the job's runner)."""
+    if not load_ns or load_ns <= 1e9:
+        return
+    run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
+    if model["was_loaded"]:
+        run.problems.append(reload_problem(model["name"], load_ns / 1e9,
+                                           model["context_length"], options.get("num_ctx")))
+
+
+def reload_problem(name, seconds, loaded, sent):
+    """Why a warm-up reloaded a loaded model: num_ctx where the numbers show it
+    (the runner's context against the one sent), else the runner options."""
+    if loaded and sent is not None and sent != loaded:
+        differed = "num_ctx %s differs from the loaded runner's %d" % (sanitise(
+            repr(sent)[:20]), loaded)
+    else:
+        differed = ("its runner options (num_ctx, num_batch, num_gpu, ...) differ from "
+                    "the loaded runner's, or the runner had died")
+    return ("warm-up reloaded %s (load_duration %.1fs): %s; give the job's own "
+            "values with --ollama-option" % (name, seconds, differed))
 
 
 def ollama_payload(opts, model, options, **fields):
@@ -859,8 +905,8 @@ def parse_generate(data):
 def ollama_embed(run, client, model):
     """Warm an embedding model with POST /api/embed, or /api/embeddings before
     Ollama 0.2.6: ready only with a vector (an empty input proves nothing)."""
-    payload = ollama_payload(run.opts, model, dict(run.opts.ollama_option),
-                             input=WARMUP_PROMPT)
+    options = runner_options(run.opts, model)
+    payload = ollama_payload(run.opts, model, options, input=WARMUP_PROMPT)
     with run.step("warmup", what="POST /api/embed", model=model) as budget:
         try:
             doc = client.json("POST", "/api/embed", budget, payload, model["name"])
@@ -869,11 +915,12 @@ def ollama_embed(run, client, model):
                 raise
             doc = None
         if doc is not None:
-            model["load_ms"] = load_ms(whole_number(doc, "load_duration", "POST /api/embed"))
             vectors = doc.get("embeddings")
-            return need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors
-                               else None, "POST /api/embed for " + model["name"],
-                               "embeddings[0]")
+            need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors else None,
+                        "POST /api/embed for " + model["name"], "embeddings[0]")
+            load_ns = whole_number(doc, "load_duration", "POST /api/embed for " + model["name"])
+            model["load_ms"] = load_ms(load_ns)
+            return judge_load(run, model, load_ns, options)
     payload["prompt"] = payload.pop("input")
     with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
         doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
@@ -955,6 +1002,7 @@ def check_placement(run, running):
     for model in models:
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
+        model["context_length"] = context_of(entries)
         if entries:
             model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
                                                  for key in ("size", "size_vram"))
@@ -992,6 +1040,47 @@ def unloaded(run, gone, causes):
                    "do not fit together (%s, or run these jobs apart)" % (
                        ", ".join(m["name"] for m in gone),
                        "was" if len(gone) == 1 else "were", causes))
+
+
+def context_of(entries):
+    """The context window of a loaded model's /api/ps entries (context_length,
+    Ollama 0.10.0 on), or None: not loaded, not reported, or 0 (no runner options)."""
+    if not entries:
+        return None
+    return whole_number(entries[0], "context_length", "GET /api/ps") or None
+
+
+def check_context(run):
+    """--min-context N: Fail (78) for a model whose context window, as the
+    server reports it, is under N; a problem noted for one it does not report."""
+    least = run.opts.min_context
+    if not least:
+        return
+    unknown = [m["name"] for m in run.models if m["context_length"] is None]
+    if unknown:
+        run.problems.append("context not checked: the server does not report the "
+                            "context window of %s" % ", ".join(unknown))
+    short = [m for m in run.models if m["context_length"] is not None and
+             m["context_length"] < least]
+    for model in short:
+        model["reason"] = "context %d < %d" % (model["context_length"], least)
+    if short:
+        raise Fail(EX_CONFIG, context_reason(short, least, run.api), "context")
+
+
+def context_reason(short, least, api):
+    """The 78 of --min-context: both numbers, and how the server sets a context."""
+    said = "; ".join("%s runs with a %d-token context" % (m["name"], m["context_length"])
+                     for m in short)
+    if api == "openai":
+        return ("%s, the job needs %d (--min-context): restart the server with a "
+                "larger context (vLLM --max-model-len %d, llama-server --ctx-size "
+                "%d times --parallel)" % (said, least, least, least))
+    return ("%s, the job needs %d (--min-context): set OLLAMA_CONTEXT_LENGTH=%d on "
+            "the server, PARAMETER num_ctx %d in a Modelfile, or --ollama-option "
+            "num_ctx=%d so the warm-up loads it that way (requests to Ollama's "
+            "OpenAI-compatible /v1 API cannot set num_ctx)" % (said, least, least,
+                                                                 least, least))
 
 
 #: Runner error text meaning "retry later": GPU (or host) memory is taken,
@@ -1069,6 +1158,8 @@ def check_openai(run, client):
                       "it serves")
     check_requirements(run)         # these servers declare no capabilities
     if run.opts.warmup == "off":
+        openai_context(run, client)
+        check_context(run)
         return "service up, %s served (warm-up off)" % model_names(run)
     for model in run.models:
         # one token: a completion, or a chat completion where the server has no
@@ -1081,6 +1172,7 @@ def check_openai(run, client):
             if outcome != "done":
                 ask_openai(run, client, model, "embedding")
     check_requirements(run, observed=True)
+    openai_context(run, client)
     if len(run.models) > 1 and any(router_state(m["entry"]) for m in run.models):
         with run.step("placement", what="GET /v1/models") as budget:
             now = served_models(client.json("GET", "/v1/models", budget))
@@ -1091,7 +1183,27 @@ def check_openai(run, client):
                 run.notes.append("load state of %s not reported" % ", ".join(unknown))
             unloaded(run, [m for m, s in zip(run.models, states) if not s & {"loaded", None}],
                      "llama-server's --models-max too low: raise it")
+    check_context(run)
     return answered(run)
+
+
+def openai_context(run, client):
+    """Each model's context window: vLLM's max_model_len in /v1/models; else,
+    with --min-context and one model, llama-server's GET /props
+    default_generation_settings.n_ctx, what one slot (one request) gets
+    (llama.cpp tools/server README and get_props); a server without it says none."""
+    for model in run.models:
+        model["context_length"] = whole_number(model["entry"], "max_model_len",
+                                               "GET /v1/models") or None
+    if not run.opts.min_context or len(run.models) != 1 or run.models[0]["context_length"]:
+        return
+    try:
+        with run.step("props", optional=True) as budget:
+            settings = client.json("GET", "/props", budget).get("default_generation_settings")
+            run.models[0]["context_length"] = whole_number(
+                settings if isinstance(settings, dict) else {}, "n_ctx", "GET /props") or None
+    except Fail:
+        pass                        # vLLM, gateways: no /props, the context is not told
 
 
 def router_state(entry):
@@ -2427,6 +2539,7 @@ def verdict_facts(run, elapsed_ms):
     loaded = models[0]["was_loaded"] if models else None
     first_load = models[0]["load_ms"] if models else None
     cloud = any(m["cloud"] for m in models)
+    ctx = models[0]["context_length"] if models else None
     return [
         ("result", "result", "ready" if ready else "skip"), (None, "ready", ready),
         ("code", "exit_code", run.code), ("stage", "stage", run.stage),
@@ -2436,7 +2549,7 @@ def verdict_facts(run, elapsed_ms):
         ("models" if len(models) > 1 else None, "models",
          [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms", "resident",
                                    "size_vram", "was_loaded", "load_ms", "cloud",
-                                   "reason"))
+                                   "context_length", "reason"))
           for m in models],
          ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
                                  else "%dms" % m["warmup_ms"]) for m in models)),
@@ -2447,6 +2560,7 @@ def verdict_facts(run, elapsed_ms):
          "model_load_ms", first_load, first_load is not None and int(round(first_load))),
         ("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
         ("cloud" if cloud else None, "cloud", cloud, "yes"),
+        ("ctx" if ctx is not None else None, "context_length", ctx),
         ("api" if run.api != "ollama" else None, "api", run.api),
         ("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
         ("shared" if run.reused else None, "reused", run.reused is not None, "reused"),
@@ -2960,6 +3074,10 @@ OPTIONS = (
          "accept an Ollama cloud model (remote_host in /api/tags, NAME:cloud, "
          "a -cloud tag): it runs on ollama.com, so it is warmed but left out of "
          "the placement check"),
+        ("min-context", None, CHECK, parse_count, None, "N",
+         "fail (78) unless every model runs with a context window of at least N "
+         "tokens (Ollama's /api/ps context_length, vLLM's max_model_len, "
+         "llama-server's /props n_ctx)"),
     )),
     ("the GPU", (
         ("gpu", None, CHECK, "flag", False, None,

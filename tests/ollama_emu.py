@@ -47,6 +47,16 @@ What the server says depends on `version` (default 0.32.15), as the real one:
                  account and policy let through: "signed_in" (answers),
                  "disabled" (OLLAMA_NO_CLOUD: 403) or "signed_out" (401 with a
                  signin_url)
+  context        each runner has the num_ctx it was loaded with (the request's
+                 options.num_ctx, else the server's default: context_length /
+                 OLLAMA_CONTEXT_LENGTH, else 2048 before 0.6.7, 4096 after,
+                 from 0.15.5 by VRAM: 32768 from 23 GiB, 262144 from 47),
+                 capped at the model's training context.  A request whose
+                 runner options (num_ctx, num_batch, num_gpu, main_gpu,
+                 use_mmap, num_thread) differ from the loaded runner's reloads
+                 it, taking the load time (counted in .reloads); load_duration
+                 is the time from arrival to the runner being ready, as Ollama
+                 measures it (small but non-zero when warm)
   wrong method   405 from 0.6.9, 404 before
 
 Modes (fault_on / --fault-on restricts a fault to one path, default "all"):
@@ -190,6 +200,8 @@ _OPT_INT = ("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ct
 _OPT_FLOAT = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
               "presence_penalty", "frequency_penalty")
 _OPT_BOOL = ("numa", "use_mmap")
+#: api.Runner: the options server/sched.go needsReload compares with the loaded runner's.
+_RUNNER_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread")
 _UNITS = {"ns": 1e-9, "us": 1e-6, u"\u00b5s": 1e-6, u"\u03bcs": 1e-6, "ms": 1e-3,
           "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -594,12 +606,16 @@ class Emulator(HTTPEmulator):
     vram_mib    the VRAM budget of the scheduler (None: unlimited)
     max_loaded  OLLAMA_MAX_LOADED_MODELS (None or 0: 1 before 0.2.0, else 3)
     cloud       what a cloud request gets: one of CLOUD_STATES (module docstring)
+    context_length  OLLAMA_CONTEXT_LENGTH: the num_ctx of a request that sends
+                none (None: the release's default, see the module docstring)
+    runner_options  {name: options} a model loaded at start was loaded with
+                (the job's own request, e.g. {"num_ctx": 32768})
     """
 
     def __init__(self, mode="healthy", models=("llama3.2:latest",), loaded=None,
                  load_seconds=5.0, fault_on="all", host="127.0.0.1", port=0,
                  size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None,
-                 cloud="signed_in"):
+                 cloud="signed_in", context_length=None, runner_options=None):
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
         if cloud not in CLOUD_STATES:
@@ -619,7 +635,10 @@ class Emulator(HTTPEmulator):
             raise ValueError("Ollama %s cannot disable cloud (0.16.2 on)" % version)
         self.vram = None if vram_mib is None else int(float(vram_mib) * 1024 * 1024)
         self.max_loaded = max_loaded or (1 if self.v < (0, 2, 0) else 3)
+        self.context_length = context_length or self._default_context()
         self.loaded = set()
+        self._opts = {}                # loaded model -> its runner's options (api.Runner)
+        self.reloads = []              # (model, runner options before, options asked)
         self._vram = {}                # loaded model -> size_vram bytes
         self._refs = {}                # model -> requests using its runner now
         self._keep = {}                # model -> keep_alive seconds (session duration)
@@ -634,6 +653,7 @@ class Emulator(HTTPEmulator):
             if self._spec(name).kind == "cloud":
                 continue                  # nothing of it runs here
             self._vram[name] = self._placement(self._spec(name))
+            self._opts[name] = self._runner_options(name, (runner_options or {}).get(name))
             self.loaded.add(name)
         self._modified = _rfc3339(_local_now())
 
@@ -821,8 +841,9 @@ class Emulator(HTTPEmulator):
             del entry["modified_at"]
             entry.pop("capabilities", None)
             entry.update([("expires_at", _rfc3339(expires)), ("size_vram", vram)])
-            if self.v >= (0, 10, 0):
-                entry["context_length"] = 4096
+            if self.v >= (0, 10, 0):          # the runner's per-sequence num_ctx
+                entry["context_length"] = self._opts.get(name, {}).get(
+                    "num_ctx", self.context_length)
             entries.append((-seconds, name, entry))
         return [entry for _, _, entry in sorted(entries, key=lambda e: e[:2])]
 
@@ -973,7 +994,7 @@ class Emulator(HTTPEmulator):
         refusal = self._fault(mode, raw_name, name)
         if refusal:
             return refusal
-        load_ns = self._acquire(h, name, t0, keep)
+        load_ns = self._acquire(h, name, t0, keep, req.get("options"))
         if load_ns is None:
             return None
         self._release(name, keep)
@@ -1060,7 +1081,7 @@ class Emulator(HTTPEmulator):
         refusal = self._fault(mode, raw_name, name)
         if refusal:
             return refusal
-        load_ns = self._acquire(h, name, t0, keep)
+        load_ns = self._acquire(h, name, t0, keep, req.get("options"))
         if load_ns is None:
             return None
         self._release(name, keep)
@@ -1130,7 +1151,8 @@ class Emulator(HTTPEmulator):
         refusal = self._fault(mode, raw_name, name)
         if refusal:
             return refusal
-        load_ns = self._acquire(h, name, t0, keep)   # no capability check: anything loads
+        # no capability check: anything loads
+        load_ns = self._acquire(h, name, t0, keep, req.get("options"))
         if load_ns is None:
             return None
         self._release(name, keep)
@@ -1172,7 +1194,7 @@ class Emulator(HTTPEmulator):
         refusal = self._fault(mode, raw_name, name)
         if refusal:
             return refusal
-        load_ns = self._acquire(h, name, t0, keep)
+        load_ns = self._acquire(h, name, t0, keep, req.get("options"))
         if load_ns is None:
             return None
         self._release(name, keep)
@@ -1233,6 +1255,35 @@ class Emulator(HTTPEmulator):
     def _unload(self, name):
         self.loaded.discard(name)
         self._vram.pop(name, None)
+        self._opts.pop(name, None)
+
+    def _default_context(self):
+        """num_ctx when neither the request nor OLLAMA_CONTEXT_LENGTH gives one:
+        2048, 4096 from 0.6.7 (envconfig, commit 44b466eeb), from 0.15.5 by total
+        VRAM (server/routes.go Serve, commit 0334ffa62: 4096 below 23 GiB,
+        32768 from 23, 262144 from 47; unset vram_mib: below 23)."""
+        if self.v < (0, 6, 7):
+            return 2048
+        gib = (self.vram or 0) / 2.0 ** 30
+        if self.v < (0, 15, 5) or gib < 23:
+            return 4096
+        return 32768 if gib < 47 else 262144
+
+    def _runner_options(self, name, options):
+        """The api.Runner a request with these options asks of name's runner:
+        num_ctx defaulted (server/routes.go modelOptions), at least 4
+        (server/sched.go getRunner) and capped at the model's training
+        context (llm/server.go NewLlamaServer); a num_gpu below 0 matches
+        any (server/sched.go needsReload)."""
+        options = options if isinstance(options, dict) else {}
+        runner = dict((key, options.get(key)) for key in _RUNNER_OPTIONS)
+        train = 2048 if self._spec(name).kind == "embed" else 131072
+        asked = options.get("num_ctx")
+        asked = self.context_length if asked is None else max(int(asked), 4)
+        runner["num_ctx"] = min(asked, train)
+        if isinstance(runner["num_gpu"], (int, float)) and runner["num_gpu"] < 0:
+            runner["num_gpu"] = None
+        return runner
 
     def _use(self, name, keep):
         self._refs[name] = self._refs.get(name, 0) + 1
@@ -1258,10 +1309,12 @@ class Emulator(HTTPEmulator):
             if keep == 0:
                 self._unload(name)
 
-    def _acquire(self, h, name, t0, keep):
-        """Schedule name: use it when loaded, else (one load at a time, after evicting
-        what must go) load it for its load time, sending no byte meanwhile.  The load
-        ns, or None when the client left first.
+    def _acquire(self, h, name, t0, keep, options=None):
+        """Schedule name: use it when loaded with these runner options, else (one
+        load at a time, after evicting what must go, or unloading the runner whose
+        options differ once it is idle: server/sched.go getRunner, needsReload)
+        load it for its load time, sending no byte meanwhile.  The load ns, or
+        None when the client left first.
 
         The load runs on the context of the request that started it, as Ollama's
         does (server/routes.go passes c.Request.Context() to scheduleRunner;
@@ -1274,17 +1327,25 @@ class Emulator(HTTPEmulator):
         name = self._runner(name)
         spec = self._spec(name)
         seconds = self.load_seconds if spec.load_seconds is None else spec.load_seconds
+        want = self._runner_options(name, options)
         while True:
             rec = None
             while rec is None:
                 with self._lock:
-                    if name in self.loaded:
+                    stale = name in self.loaded and self._opts.get(name) != want
+                    if stale and not self._refs.get(name):
+                        self.reloads.append((name, self._opts.get(name), want))
+                        self._unload(name)
+                        stale = False
+                    if name in self.loaded and not stale:
                         self._use(name, keep)
                         return max(int((time.time() - t0) * 1e9), 100000)
                     rec = self._loading.get(name)
-                    if rec is None and not self._loading and self._make_room(spec) is None:
+                    if rec is None and not stale and not self._loading and \
+                            self._make_room(spec) is None:
                         rec = self._loading[name] = {"deadline": time.time() + seconds,
-                                                     "owner": h, "vram": self._placement(spec)}
+                                                     "owner": h, "options": want,
+                                                     "vram": self._placement(spec)}
                 if rec is None and (self._stop.is_set() or h.client_gone(0.02)):
                     return None
             while time.time() < rec["deadline"] and self._loading.get(name) is rec:
@@ -1301,6 +1362,7 @@ class Emulator(HTTPEmulator):
                 del self._loading[name]
                 self.loaded.add(name)
                 self._vram[name] = rec["vram"]
+                self._opts[name] = rec["options"]
             self._use(name, keep)
         return max(int((time.time() - t0) * 1e9), 100000)
 
@@ -1368,6 +1430,9 @@ def main(argv=None):
                         help="the Ollama release to answer as (default 0.32.15)")
     parser.add_argument("--vram-mib", type=float, default=None, metavar="MIB",
                         help="VRAM budget of the scheduler (default unlimited)")
+    parser.add_argument("--context-length", type=int, default=None, metavar="N",
+                        help="OLLAMA_CONTEXT_LENGTH: num_ctx of a request that sends none "
+                        "(default 4096, 2048 before 0.6.7)")
     parser.add_argument("--max-loaded", type=int, default=None, metavar="N",
                         help="OLLAMA_MAX_LOADED_MODELS (default 1 before 0.2.0, else 3)")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
@@ -1386,7 +1451,7 @@ def main(argv=None):
                        host=args.host, version=args.version,
                        port=args.port if args.port is not None else 0 if command else 11434,
                        vram_mib=args.vram_mib, max_loaded=args.max_loaded,
-                       cloud=args.cloud)
+                       cloud=args.cloud, context_length=args.context_length)
     except ValueError as exc:
         parser.error(str(exc))
     details = "mode=%s version=%s models=%s loaded=%s" % (

@@ -17,7 +17,9 @@ sources):
   llamacpp  llama.cpp's llama-server (cpp-httplib): HTTP up at once; while
             loading every path but the web UI "/" answers 503 "Loading model";
             then GET /health and /v1/health {"status":"ok"}, GET /models and
-            /v1/models (one body with both "models" and "data"), POST
+            /v1/models (one body with both "models" and "data"), GET /props
+            (single-model mode: default_generation_settings.n_ctx is the
+            context of one slot, -c divided by --parallel: n_ctx), POST
             /completions, /v1/completions, /chat/completions,
             /v1/chat/completions, /embedding, /embeddings, /v1/embeddings;
             anything else 404 "File Not Found".  JSON is
@@ -181,7 +183,8 @@ _LCP_ROUTES = {"/v1/models": ("GET",), "/v1/completions": ("POST",),
                "/extras/detokenize": ("POST",)}
 _LLAMA_ROUTES = {"/": ("GET", "HEAD"), "/health": ("GET", "HEAD"),
                  "/v1/health": ("GET", "HEAD"), "/models": ("GET", "HEAD"),
-                 "/v1/models": ("GET", "HEAD"), "/completions": ("POST",),
+                 "/v1/models": ("GET", "HEAD"), "/props": ("GET", "HEAD"),
+                 "/completions": ("POST",),
                  "/v1/completions": ("POST",), "/chat/completions": ("POST",),
                  "/v1/chat/completions": ("POST",), "/embedding": ("POST",),
                  "/embeddings": ("POST",), "/v1/embeddings": ("POST",)}
@@ -325,7 +328,8 @@ class OpenAIEmulator(HTTPEmulator):
     def __init__(self, flavour="vllm", mode="healthy", models=("qwen2.5-0.5b",),
                  load_seconds=0.0, token=None, host="127.0.0.1", port=None,
                  fault_on="all", max_model_len=32768, embeddings=False,
-                 wrong_kind="200-nested", embedding_shape=None, router_max=None):
+                 wrong_kind="200-nested", embedding_shape=None, router_max=None,
+                 n_ctx=4096):
         if flavour not in FLAVOURS:
             raise ValueError("unknown flavour %r (one of %s)" % (flavour, ", ".join(FLAVOURS)))
         if mode not in MODE_NAMES:
@@ -346,6 +350,7 @@ class OpenAIEmulator(HTTPEmulator):
         self.running = []               # router mode: loaded models, least recent first
         self.token = token
         self.max_model_len = max_model_len
+        self.n_ctx = n_ctx              # llamacpp: the context of one slot (/props)
         self.version = VLLM_VERSION
         self.redirect_to = REDIRECT_TO
 
@@ -686,6 +691,8 @@ class OpenAIEmulator(HTTPEmulator):
             if self.router_max is not None:
                 return self._llama_json(200, self._router_models(mode))
             return self._llama_json(200, self._llama_models(mode))
+        if path == "/props" and self.router_max is None:
+            return self._llama_json(200, self._llama_props())
         if self.router_max is not None and method == "POST":
             refusal = self._router_use(body)
             if refusal:
@@ -798,6 +805,18 @@ class OpenAIEmulator(HTTPEmulator):
                           "n_ctx_train": self.max_model_len, "n_embd": 896,
                           "n_params": 494032768, "size": 994156544}} for name in names]
         return {"models": listed, "object": "list", "data": data}
+
+    def _llama_props(self):
+        """GET /props as tools/server/README.md shows it (get_props: n_ctx per slot)."""
+        return {"default_generation_settings": {
+            "id": 0, "id_task": -1, "n_ctx": self.n_ctx, "speculative": False,
+            "is_processing": False, "params": {"n_predict": -1, "seed": 4294967295,
+                                               "temperature": 0.800000011920929},
+            "prompt": "", "next_token": {"has_next_token": True, "has_new_line": False,
+                                         "n_remain": -1, "n_decoded": 0}},
+            "total_slots": 1, "model_path": "/models/%s.gguf" % (self.models or ("m",))[0],
+            "chat_template": "", "modalities": {"vision": False},
+            "build_info": "b6000-0000000", "is_sleeping": False}
 
     def _llama_generate(self, body, mode, chat):
         if self.embeddings:               # PR #8420 (2024-07) to 2025 builds

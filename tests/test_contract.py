@@ -182,9 +182,9 @@ class ReadyTest(ContractCase):
         for stage in ("tags", "loaded", "warmup", "placement"):
             self.assertRegex(fields[stage + "_ms"], r"^\d+$")
         self.assertEqual(emu.count("GET", "/api/ps"), 2)    # before and after
-        (body,) = [r[2] for r in self.generates(emu)]
-        self.assertEqual(body, {"model": "llama3.2:latest", "prompt": "test",
-                                "stream": False, "options": {"num_predict": 1}})
+        (body,) = [r[2] for r in self.generates(emu)]   # num_ctx: the loaded runner's
+        self.assertEqual(body, {"model": "llama3.2:latest", "prompt": "test", "stream": False,
+                                "options": {"num_ctx": 4096, "num_predict": 1}})
 
     def test_json_is_one_object_on_stdout(self):
         emu = self.emulator()
@@ -221,7 +221,8 @@ class ReadyTest(ContractCase):
         self.assertNotIn("keep_alive", self.generates(emu)[-1][2])
 
     def test_ollama_options_match_the_job_and_num_predict_stays_one(self):
-        emu = self.emulator()
+        emu = self.emulator(runner_options={   # the job loaded its runner with these
+            "llama3.2:latest": {"num_ctx": 8192, "num_gpu": 99}})
         res = self.run_gp(["--host", emu.url, "--ollama-option", "num_ctx=8192",
                            "--ollama-option", "num_gpu=99"], log=False)
         self.assertEqual(res.code, 0, res)
@@ -536,7 +537,7 @@ class ConfigurationTest(ContractCase):
         """INI values take no quotes: `model = "llama3.2"` would look for a model
         named with its quotes; a quoted value is refused at once, as a config
         error, but where its parser takes quotes (host, ollama-option)."""
-        emu = self.emulator()
+        emu = self.emulator(context_length=2048)   # the runner has the num_ctx sent
         conf = os.path.join(self.sink.dir, "quoted.conf")
         for line, fix in (('model = "llama3.2"', "write model = llama3.2"),
                           ("timeout = '5'", "write timeout = 5"),

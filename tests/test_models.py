@@ -765,6 +765,92 @@ class OpenAIModelsTest(ModelsCase):
         self.verdict(res, 0, quiet=False)
 
 
+
+class ContextTest(ModelsCase):
+    """--min-context N and the runner's context: the window each server reports
+    (Ollama /api/ps context_length, vLLM max_model_len, llama-server /props n_ctx),
+    and a warm-up that reuses the job's runner instead of reloading it."""
+
+    def test_ollama_context_below_the_minimum_is_78_naming_both_numbers_and_the_fixes(self):
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",))      # the server default: 4096
+        fields = self.verdict(self.check(emu.url, "--min-context", "32768"), 78,
+                              "qwen3:latest runs with a 4096-token context",
+                              "the job needs 32768", "OLLAMA_CONTEXT_LENGTH=32768",
+                              "PARAMETER num_ctx 32768", "--ollama-option num_ctx=32768",
+                              "/v1 API cannot set num_ctx")
+        self.assertEqual((fields["stage"], fields["ctx"]), ("context", "4096"))
+        self.assertEqual(emu.reloads, [])
+
+    def test_ollama_context_at_the_minimum_is_ready_and_reported(self):
+        """ctx= in the line and context_length in --json, also without --min-context."""
+        emu = self.ollama(qwen(), llama(), loaded=("qwen3:latest",), context_length=65536)
+        fields = self.verdict(self.check(emu.url, "--model", "qwen3", "--min-context",
+                                         "65536"), 0)
+        self.assertEqual((fields["ctx"], fields.get("problem")), ("65536", None))
+        self.drain()
+        res = self.check(emu.url, "--model", "qwen3", "--model", "llama3.2", "--json")
+        doc = json.loads(res.stdout)
+        self.assertEqual(doc["context_length"], 65536)
+        self.assertEqual([m["context_length"] for m in doc["models"]], [65536, 65536])
+        self.verdict(res, 0, quiet=False)
+
+    def test_a_server_that_does_not_report_the_context_is_a_problem_not_a_failure(self):
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), version="0.9.0")
+        fields = self.verdict(self.check(emu.url, "--min-context", "32768"), 0)
+        self.assertIn("context not checked", fields["problem"])
+        self.assertNotIn("ctx", fields)
+
+    def test_vllm_max_model_len_is_the_context(self):
+        emu = self.openai("vllm", max_model_len=8192)
+        fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                         "32768"), 78,
+                              "runs with a 8192-token context", "the job needs 32768",
+                              "--max-model-len")
+        self.assertEqual(fields["ctx"], "8192")
+        self.drain()
+        fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                         "8192"), 0)
+        self.assertEqual(fields["ctx"], "8192")
+        self.assertEqual(emu.count("GET", "/props"), 0)
+
+    def test_llama_server_props_n_ctx_is_the_context_and_other_servers_say_none(self):
+        emu = self.openai("llamacpp", n_ctx=4096)
+        fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                         "8192"), 78, "runs with a 4096-token context",
+                              "the job needs 8192", "--ctx-size")
+        self.assertEqual((fields["ctx"], fields["props_ms"].isdigit()), ("4096", True))
+        self.drain()
+        emu = self.openai("llamacpp", n_ctx=16384)
+        fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                         "8192"), 0)
+        self.assertEqual(fields["ctx"], "16384")
+        self.drain()
+        emu = self.openai("llama-cpp-python")             # no max_model_len, no /props
+        fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                         "8192"), 0)
+        self.assertIn("context not checked", fields["problem"])
+
+    def test_the_warmup_reuses_the_jobs_runner_at_its_context(self):
+        """A job loaded qwen3 with num_ctx 32768; the warm-up sends no option of
+        its own, yet asks for that num_ctx, so Ollama does not reload the runner."""
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), load_seconds=2.0,
+                          runner_options={"qwen3:latest": {"num_ctx": 32768}})
+        fields = self.verdict(self.check(emu.url, "--model", "qwen3"), 0)
+        self.assertEqual(emu.reloads, [])
+        self.assertEqual(emu.posts("/api/generate")[0].body["options"],
+                         {"num_ctx": 32768, "num_predict": 1})
+        self.assertEqual((fields["ctx"], fields.get("problem")), ("32768", None))
+
+    def test_a_warmup_that_still_reloads_the_runner_says_which_option_differed(self):
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), load_seconds=1.5,
+                          runner_options={"qwen3:latest": {"num_ctx": 32768}})
+        fields = self.verdict(self.check(emu.url, "--model", "qwen3", "--ollama-option",
+                                         "num_ctx=2048"), 0)
+        self.assertEqual(len(emu.reloads), 1)
+        self.assertIn("warm-up reloaded qwen3:latest", fields["problem"])
+        self.assertIn("num_ctx 2048 differs from the loaded runner's 32768", fields["problem"])
+        self.assertEqual(fields["ctx"], "2048")
+
 if __name__ == "__main__":
     import unittest
     unittest.main()

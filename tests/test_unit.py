@@ -273,6 +273,54 @@ class ClassifyTest(unittest.TestCase):
                 self.assertIn(text, reason)
 
 
+class ContextJudgeTest(unittest.TestCase):
+    """The judges of the context window and of a warm-up that reloaded a runner."""
+
+    def test_reload_names_num_ctx_only_where_the_numbers_show_it(self):
+        for loaded, sent, named in ((32768, 2048, "num_ctx 2048 differs from the loaded "
+                                     "runner's 32768"), (32768, 32768, "runner options"),
+                                    (None, 2048, "runner options"),
+                                    (None, None, "runner options"),
+                                    (4096, None, "runner options")):
+            with self.subTest(loaded=loaded, sent=sent):
+                text = gp.reload_problem("qwen3:latest", 12.34, loaded, sent)
+                self.assertIn("warm-up reloaded qwen3:latest (load_duration 12.3s)", text)
+                self.assertIn(named, text)
+                self.assertIn("--ollama-option", text)
+
+    def test_runner_options_send_the_loaded_context_unless_the_job_names_one(self):
+        opts = gp.argparse.Namespace(ollama_option={"num_gpu": 99})
+        for loaded, ctx, given, sent in ((True, 32768, {}, 32768), (False, 32768, {}, None),
+                                         (True, None, {}, None), (None, 32768, {}, None),
+                                         (True, 32768, {"num_ctx": 2048}, 2048)):
+            with self.subTest(loaded=loaded, ctx=ctx, given=given):
+                opts.ollama_option = dict(given, num_gpu=99)
+                options = gp.runner_options(opts, {"was_loaded": loaded,
+                                                   "context_length": ctx})
+                self.assertEqual((options.get("num_ctx"), options["num_gpu"]), (sent, 99))
+
+    def test_min_context_fails_under_n_and_notes_what_is_not_reported(self):
+        def judge(least, contexts, api="ollama"):
+            run = gp.argparse.Namespace(opts=gp.argparse.Namespace(min_context=least),
+                                        api=api, problems=[], models=[
+                                            dict(name="m%d" % i, context_length=c, reason="")
+                                            for i, c in enumerate(contexts)])
+            try:
+                gp.check_context(run)
+            except gp.Fail as exc:
+                return exc.code, exc.reason, run.problems
+            return 0, "", run.problems
+        self.assertEqual(judge(None, [4096]), (0, "", []))
+        self.assertEqual(judge(4096, [4096, 8192]), (0, "", []))
+        code, reason, problems = judge(8192, [4096, None, 8192])
+        self.assertEqual((code, problems), (78, ["context not checked: the server does "
+                                                 "not report the context window of m1"]))
+        self.assertIn("m0 runs with a 4096-token context, the job needs 8192", reason)
+        self.assertNotIn("m2", reason)
+        self.assertIn("OLLAMA_CONTEXT_LENGTH=8192", reason)
+        self.assertIn("--max-model-len 8192", judge(8192, [4096], "openai")[1])
+
+
 class GpuParseTest(unittest.TestCase):
     """nvidia-smi CSV, GPU selection and the GPU verdict (pure functions)."""
 
@@ -588,7 +636,8 @@ class StateKeyTest(unittest.TestCase):
         "cafile": "/etc/ca.pem", "insecure": None, "timeout": "7", "deadline": "30",
         "load-timeout": "120",
         "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
-        "ollama-option": "num_ctx=8192", "allow-cpu": None, "allow-cloud": None, "gpu": None,
+        "ollama-option": "num_ctx=8192", "allow-cpu": None, "allow-cloud": None,
+        "min-context": "32768", "gpu": None,
         "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
         "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
         "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
