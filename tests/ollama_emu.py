@@ -46,6 +46,8 @@ Modes (fault_on / --fault-on restricts a fault to one path, default "all"):
   healthy       faithful Ollama (the default)
   cold          healthy, but nothing loaded at start (like --cold / loaded=())
   cpu, partial  /api/ps reports size_vram 0 / 45 % of size for every model
+  cpu_claims_gpu  /api/ps reports size_vram = size while the runners run on
+                the CPU (gpu_file lists none)
   hang          read the request, never answer
   trickle       a valid reply, one byte every trickle_interval (2 s) seconds
   close_mid_body  full Content-Length, ~10 body bytes, then close
@@ -68,6 +70,11 @@ began) and .status.  A GET /api/ps that arrives while a warm-up request is in
 flight is also appended to .ps_during_warmup; evictions to .evictions as
 (victim, model loaded, "max_loaded" or "vram").
 
+gpu_file (--gpu-file): a file the emulator keeps as "PID BYTES" lines, one per
+runner it has on the GPU, for the fake NVML (tests/fake_nvml.c,
+FAKE_NVML_RUNNERS) to list as compute processes: what nvidia-smi shows of a
+real Ollama's runners.
+
 Run it:   python3 tests/ollama_emu.py --port 11434 --mode cold --load-seconds 3
           python3 tests/ollama_emu.py --version 0.12.3 --vram-mib 8192 \\
               --model qwen3:latest=generate:completion,tools:5000 \\
@@ -83,6 +90,7 @@ import email.utils
 import hashlib
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -97,6 +105,7 @@ MODES = (
     ("cold", "healthy, nothing loaded at start; first generate waits --load-seconds"),
     ("cpu", "/api/ps reports size_vram 0 (silent CPU fallback)"),
     ("partial", "/api/ps reports size_vram = 45% of size (partial offload)"),
+    ("cpu_claims_gpu", "/api/ps reports size_vram = size, the runner on the CPU"),
     ("hang", "accept and read the request, never answer"),
     ("trickle", "a valid reply sent one byte every 2 seconds"),
     ("close_mid_body", "headers with the full Content-Length, ~10 body bytes, close"),
@@ -566,11 +575,13 @@ class Emulator(HTTPEmulator):
     version     the release it answers as (what differs: module docstring)
     vram_mib    the VRAM budget of the scheduler (None: unlimited)
     max_loaded  OLLAMA_MAX_LOADED_MODELS (None or 0: 1 before 0.2.0, else 3)
+    gpu_file    where to list the runners on the GPU (module docstring)
     """
 
     def __init__(self, mode="healthy", models=("llama3.2:latest",), loaded=None,
                  load_seconds=5.0, fault_on="all", host="127.0.0.1", port=0,
-                 size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None):
+                 size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None,
+                 gpu_file=None):
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
         HTTPEmulator.__init__(self, mode, fault_on, host, port, load_seconds)
@@ -596,6 +607,8 @@ class Emulator(HTTPEmulator):
             name = self._resolve(name) or name
             self._vram[name] = self._placement(self._spec(name))
             self.loaded.add(name)
+        self.gpu_file = gpu_file
+        self._publish()
         self._modified = _rfc3339(_local_now())
 
     def count(self, method, path):
@@ -769,7 +782,9 @@ class Emulator(HTTPEmulator):
         for name in names:
             spec = self._spec(name)
             size = self._size(spec)
-            vram = {"cpu": 0, "partial": int(size * 0.45)}.get(mode, placed.get(name, size))
+            vram = self._on_gpu(mode, name, size, placed)
+            if mode == "cpu_claims_gpu":
+                vram = size
             seconds = keep.get(name, _DEFAULT_KEEP)
             seconds = _MAX_NS_SECONDS if seconds < 0 else seconds
             expires = _local_now() + datetime.timedelta(seconds=seconds)
@@ -1091,6 +1106,30 @@ class Emulator(HTTPEmulator):
 
     # -- the scheduler (server/sched.go)
 
+    def _on_gpu(self, mode, name, size, placed):
+        """The bytes of a loaded model in VRAM. Current Ollama starts llama-server
+        without -ngl, which fits layers to the free VRAM (llm/llama_server.go
+        L399-409): none (cpu) or some (partial) when other processes hold it.
+        Where it cannot read the runner's buffer sizes it reports the whole
+        model in VRAM ("use model file size as a rough proxy", L2638ff;
+        ollama/ollama#7323, #9704, #10369): cpu_claims_gpu, none really."""
+        if mode in ("cpu", "cpu_claims_gpu"):
+            return 0
+        return int(size * 0.45) if mode == "partial" else placed.get(name, size)
+
+    def _publish(self):
+        """Rewrite gpu_file (under the lock): "PID BYTES" of each runner on the GPU."""
+        if self.gpu_file is None:
+            return
+        lines = []
+        for pid, name in enumerate(sorted(self._vram), 5000):
+            held = self._on_gpu(self.mode, name, self._size(self._spec(name)), self._vram)
+            if held > 0:
+                lines.append("%d %d\n" % (pid, held))
+        with open(self.gpu_file + ".new", "w") as handle:
+            handle.write("".join(lines))
+        os.rename(self.gpu_file + ".new", self.gpu_file)
+
     def _placement(self, spec):
         """size_vram of spec loaded now: all of it, or what VRAM is free (alone)."""
         size = self._size(spec)
@@ -1134,6 +1173,7 @@ class Emulator(HTTPEmulator):
     def _unload(self, name):
         self.loaded.discard(name)
         self._vram.pop(name, None)
+        self._publish()
 
     def _use(self, name, keep):
         self._refs[name] = self._refs.get(name, 0) + 1
@@ -1193,6 +1233,7 @@ class Emulator(HTTPEmulator):
                 del self._loading[name]
                 self.loaded.add(name)
                 self._vram[name] = rec["vram"]
+                self._publish()
             self._use(name, keep)
         return max(int((time.time() - t0) * 1e9), 100000)
 
@@ -1260,6 +1301,9 @@ def main(argv=None):
                         help="the Ollama release to answer as (default 0.32.15)")
     parser.add_argument("--vram-mib", type=float, default=None, metavar="MIB",
                         help="VRAM budget of the scheduler (default unlimited)")
+    parser.add_argument("--gpu-file", default=None, metavar="PATH",
+                        help="keep there the runners on the GPU, for the fake NVML's "
+                        "FAKE_NVML_RUNNERS")
     parser.add_argument("--max-loaded", type=int, default=None, metavar="N",
                         help="OLLAMA_MAX_LOADED_MODELS (default 1 before 0.2.0, else 3)")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
@@ -1274,7 +1318,8 @@ def main(argv=None):
                        load_seconds=args.load_seconds, fault_on=args.fault_on,
                        host=args.host, version=args.version,
                        port=args.port if args.port is not None else 0 if command else 11434,
-                       vram_mib=args.vram_mib, max_loaded=args.max_loaded)
+                       vram_mib=args.vram_mib, max_loaded=args.max_loaded,
+                       gpu_file=args.gpu_file)
     except ValueError as exc:
         parser.error(str(exc))
     details = "mode=%s version=%s models=%s loaded=%s" % (
