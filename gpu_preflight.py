@@ -1657,8 +1657,9 @@ NVML_NO_PERMISSION, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 4, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
 NVML_OPERATING_SYSTEM, NVML_LIB_RM_VERSION_MISMATCH = 17, 18
 
-#: usedGpuMemory of a process NVML cannot measure (Windows WDDM, some vGPUs).
-NVML_VALUE_NOT_AVAILABLE = 2 ** 64 - 1
+#: usedGpuMemory of a process NVML cannot measure (Windows WDDM, some vGPUs):
+#: (-1) in an unsigned long long.
+NVML_VALUE_NOT_AVAILABLE = -1
 
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
@@ -1858,9 +1859,10 @@ class Nvml(object):
                 code = self.call(function, handle, c.byref(number), rows)
             if code != NVML_FUNCTION_NOT_FOUND:
                 used = [rows[i].usedGpuMemory for i in range(number.value)] if code == 0 \
-                    else [NVML_VALUE_NOT_AVAILABLE]
+                    else [None]
                 gpu["procs"] = number.value if code == 0 else None
-                gpu["proc_mib"] = None if NVML_VALUE_NOT_AVAILABLE in used else sum(used) >> 20
+                gpu["proc_mib"] = None if None in used or NVML_VALUE_NOT_AVAILABLE % 2 ** 64 \
+                    in used else sum(used) >> 20
                 return
 
     def health(self, handle):
