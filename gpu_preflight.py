@@ -610,13 +610,15 @@ def check_service(run, client):
                 ollama_embed(run, client, model)
     check_requirements(run, observed=True)
     local = local_models(run)
-    if local and (not opts.allow_cpu or len(local) > 1 or opts.min_context):
+    judged = not opts.allow_cpu or opts.min_vram_pct
+    if local and (judged or len(local) > 1 or opts.min_context):
         with run.step("placement") as budget:   # a reload may land elsewhere
             running = running_models(run, client, budget)
             if running is None:
                 run.notes.append("GPU placement not verified")
             else:
                 check_placement(run, running)
+        check_vram_held(run)
     check_context(run)
     return answered(run)
 
@@ -996,8 +998,8 @@ def whole_number(doc, key, what):
 
 def check_placement(run, running):
     """After the warm-ups: every model still resident (not unloaded when a
-    later one loaded) and in VRAM (size_vram 0 is Ollama's CPU fallback);
-    a cloud model is in neither."""
+    later one loaded) and in VRAM (size_vram 0: on the CPU; under
+    --min-vram-pct: at least that share of it); a cloud model is in neither."""
     models = local_models(run)
     for model in models:
         entries = entries_of(model, running)
@@ -1014,6 +1016,7 @@ def check_placement(run, running):
         return
     unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
              "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
+    least = run.opts.min_vram_pct
     for model in models:
         size, vram = model["size"], model["size_vram"]
         if not size or vram is None:
@@ -1024,11 +1027,93 @@ def check_placement(run, running):
         run.vram_pct = pct if run.vram_pct is None else run.vram_pct
         if vram == 0 and not run.opts.allow_cpu:
             model["reason"] = "runs on the CPU"
-            raise Fail(EX_UNAVAILABLE, "model %s runs on the CPU (size_vram 0): Ollama "
-                       "lost the GPU (driver not ready, suspend/resume); restart "
-                       "ollama, or pass --allow-cpu to accept it" % model["name"])
+            raise Fail(*on_the_cpu(run, model["name"], size >> 20))
+        if least and 100 * vram < least * size:
+            model["reason"] = "partial offload"
+            raise Fail(EX_TEMPFAIL, "model %s: partial offload %d %% < %d %% "
+                       "(--min-vram-pct): the rest runs on the CPU, as the GPU had no "
+                       "more free memory; free it, or use a smaller model or num_ctx" % (
+                           model["name"], min(pct, 100 * vram // size), least))
         if 0 < vram < size:
             run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
+
+
+def on_the_cpu(run, name, need):
+    """(exit status, reason) of a model Ollama put on the CPU (size_vram 0).
+    Ollama fits layers to the free VRAM (llm/llama_server.go), so another
+    process holding it is the usual cause (75); a GPU with room that Ollama
+    cannot use (suspend/resume) needs Ollama's troubleshooting remedies (69)."""
+    free = local_gpus(run, "free_mib")
+    said = "model %s runs on the CPU (size_vram 0): " % name
+    remedy = ("Ollama cannot use the GPU (driver not ready, or after suspend/resume): "
+              "reload nvidia_uvm (rmmod nvidia_uvm; modprobe nvidia_uvm) or reboot, "
+              "as restarting ollama alone may not help")
+    if free is not None and free < need:
+        return EX_TEMPFAIL, said + ("VRAM held by other processes (%d MiB free, the model "
+                                    "needs %d MiB): try later, or free the GPU" % (free, need))
+    if free is not None:
+        return EX_UNAVAILABLE, said + "the GPU has room (%d MiB free, the model needs %d " \
+            "MiB), so %s" % (free, need, remedy)
+    return EX_UNAVAILABLE, said + ("other processes hold the VRAM (Ollama fits the model to "
+                                   "free VRAM; --gpu on the server's host tells), or %s; "
+                                   "--allow-cpu accepts it" % remedy)
+
+
+def local_gpus(run, key, gpus=None):
+    """The sum of key over the GPU stage's GPUs (not MIG devices: their parent
+    counts them), when --gpu measured them on the server's host; else None."""
+    if not run.gpu or not is_loopback(url_host(run.opts.host)):
+        return None
+    values = [g[key] for g in (run.gpu["gpus"] if gpus is None else gpus)
+              if not g["parent"]]
+    return None if not values or None in values else sum(values)
+
+
+def check_vram_held(run):
+    """--gpu on the server's host: the GPUs hold at least half of what /api/ps
+    says is in VRAM. Ollama reports all of a model in VRAM when it cannot read
+    the runner's buffer sizes (ollama/ollama#7323, #9704, #10369), so only the
+    driver can tell a CPU run: NVML's figures of the GPU stage, read again
+    when the warm-up loaded a model."""
+    local = local_models(run)
+    claimed = sum(m["size_vram"] or 0 for m in local if m["resident"]) >> 20
+    if run.opts.allow_cpu or not claimed or not run.gpu or not is_loopback(
+            url_host(run.opts.host)):
+        return
+    if run.gpu["backend"] != "nvml":
+        run.notes.append("VRAM use not cross-checked (%s reports no memory per process)"
+                         % run.gpu["backend"])
+        return
+    after = None
+    if not all(m["was_loaded"] for m in local):
+        try:
+            with run.step("placement", run.opts.gpu_timeout, optional=True,
+                          what="the GPU probe") as budget:
+                doc = probe_nvml(run, time.monotonic() + budget)
+        except Fail as exc:
+            run.notes.append("VRAM use not cross-checked (%s)" % exc.reason)
+            return
+        after = doc["gpus"] if isinstance(doc, dict) else []
+    held = vram_held(run, after)
+    if held is None:
+        run.notes.append("VRAM use not cross-checked (NVML reports no memory figures)")
+    elif held * 2 < claimed:
+        raise Fail(EX_UNAVAILABLE, "Ollama reports %d MiB in VRAM but the GPU holds %s: it "
+                   "is running on the CPU (its GPU backend did not load: see the server "
+                   "log)" % (claimed, "only %d MiB" % held if held else "none"), "placement")
+
+
+def vram_held(run, after=None):
+    """MiB the GPUs hold: their compute processes' memory or, where that is
+    less (a container's PID namespace hides processes), the memory in use;
+    with after (read again after a load), the memory taken since the GPU
+    stage. None: NVML told neither."""
+    procs = local_gpus(run, "proc_mib", after)
+    free = local_gpus(run, "free_mib", after)
+    base = local_gpus(run, "total_mib" if after is None else "free_mib")
+    used = None if free is None or base is None else base - free
+    known = [n for n in (procs, used) if n is not None]
+    return max(known) if known else None
 
 
 def unloaded(run, gone, causes):
@@ -1680,8 +1765,8 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
                temp=None, error=None):
     """One GPU as every backend reports it; None is "cannot be read"."""
     return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
-            "free_mib": free, "util_pct": util, "procs": procs, "temp_c": temp,
-            "mig": None, "parent": None, "access": True, "error": error,
+            "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
+            "temp_c": temp, "mig": None, "parent": None, "access": True, "error": error,
             "health": None}
 
 
@@ -1785,6 +1870,10 @@ def forked(run, child, ends_at, what):
 NVML_NO_PERMISSION, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 4, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
 NVML_OPERATING_SYSTEM, NVML_LIB_RM_VERSION_MISMATCH = 17, 18
+
+#: usedGpuMemory of a process NVML cannot measure (Windows WDDM, some vGPUs):
+#: (-1) in an unsigned long long.
+NVML_VALUE_NOT_AVAILABLE = -1
 
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
@@ -1976,13 +2065,18 @@ class Nvml(object):
         for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
                                ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
                                ("nvmlDeviceGetComputeRunningProcesses", Process)):
-            number = c.c_uint(0)
+            number, rows = c.c_uint(0), ()
             code = self.call(function, handle, c.byref(number), None)
             if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
                 number = c.c_uint(number.value * 2 + 5)
-                code = self.call(function, handle, c.byref(number), (kind * number.value)())
+                rows = (kind * number.value)()
+                code = self.call(function, handle, c.byref(number), rows)
             if code != NVML_FUNCTION_NOT_FOUND:
+                used = [rows[i].usedGpuMemory for i in range(number.value)] if code == 0 \
+                    else [None]
                 gpu["procs"] = number.value if code == 0 else None
+                gpu["proc_mib"] = None if None in used or NVML_VALUE_NOT_AVAILABLE % 2 ** 64 \
+                    in used else sum(used) >> 20
                 return
 
     def health(self, handle):
@@ -3078,6 +3172,9 @@ OPTIONS = (
          "fail (78) unless every model runs with a context window of at least N "
          "tokens (Ollama's /api/ps context_length, vLLM's max_model_len, "
          "llama-server's /props n_ctx)"),
+        ("min-vram-pct", None, CHECK, lambda text: parse_count(text, 100), None, "PCT",
+         "skip (75) when less than PCT percent of a model sits in VRAM "
+         "(default: a partial offload is only a note)"),
     )),
     ("the GPU", (
         ("gpu", None, CHECK, "flag", False, None,

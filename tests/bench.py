@@ -215,7 +215,8 @@ def main(argv=None):
     version = ".".join(str(x) for x in version_info(py))
 
     work = tempfile.mkdtemp(prefix="gpfl-bench-")
-    warm = Emulator().start()
+    runners = os.path.join(work, "runners")     # its runner on the fake GPU (NVML)
+    warm = Emulator(gpu_file=runners).start()
     trickle = Emulator(mode="trickle").start()
     hang = Emulator(mode="hang").start()
     pair = Emulator(models=(Model("qwen3:latest", "generate", ["completion", "tools"]),
@@ -247,8 +248,8 @@ def main(argv=None):
             lib = fakes.build_fake_nvml(work)
             fakes.write_fake_smi(work)
             variants += [
-                ("installed, GPU NVML", gp + ["--host", warm.url, "--gpu-backend", "nvml",
-                                             "--nvml-lib", lib]),
+                ("installed, GPU NVML", ["FAKE_NVML_RUNNERS=" + runners] + gp + [
+                    "--host", warm.url, "--gpu-backend", "nvml", "--nvml-lib", lib]),
                 ("installed, GPU smi", ["PATH=%s:/usr/bin:/bin" % work] + gp + [
                     "--host", warm.url, "--gpu-backend", "nvidia-smi"])]
         curl = shutil.which("curl")

@@ -25,10 +25,16 @@
  *                    the last one)
  *   FAKE_NVML_LOG    append one line per call (the symbol name; for
  *                    nvmlDeviceGetMemoryInfo_v2 also " version=0x%08x")
+ *   FAKE_NVML_RUNNERS  a file of "PID BYTES" lines, read at every call:
+ *                    compute processes on GPU 0 (at most 4) in every mode
+ *                    with processes, their bytes added to its used memory
+ *                    (tests/ollama_emu.py writes it: the model runners it
+ *                    has on the GPU)
  * A program that clears the environment (slurmd runs HealthCheckProgram with
  * SLURMD_NODENAME alone) cannot pass FAKE_NVML_MODE: build with
  * -DFAKE_NVML_DEFAULT_MODE='"nodriver"' for a library whose mode, when the
- * variable is unset or empty, is that one instead of free.
+ * variable is unset or empty, is that one instead of free; likewise
+ * -DFAKE_NVML_DEFAULT_RUNNERS='"/run/fake-gpu-runners"'.
  *
  * Figures: every GPU is an "NVIDIA H200", 143771 MiB total, 542 MiB
  * reserved; UUID of GPU i is GPU-<8 x hex digit 10+i>-5e1f-4c2d-9a7b-
@@ -181,6 +187,9 @@ enum mode {
 
 #ifndef FAKE_NVML_DEFAULT_MODE
 #define FAKE_NVML_DEFAULT_MODE "free"
+#endif
+#ifndef FAKE_NVML_DEFAULT_RUNNERS
+#define FAKE_NVML_DEFAULT_RUNNERS ""
 #endif
 
 static enum mode get_mode(void)
@@ -493,7 +502,50 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name,
                        name, length);
 }
 
+/* ---- runners: processes another program puts on GPU 0 ---------------- */
+
+#define MAX_RUNNERS 4
+
+struct proc {
+    unsigned int pid;
+    unsigned long long used;
+    unsigned int gi, ci;
+};
+
+/* The runners listed in FAKE_NVML_RUNNERS, if d is GPU 0: their count. */
+static unsigned int runners_of(const struct dev *d, struct proc *p)
+{
+    const char *path = getenv("FAKE_NVML_RUNNERS");
+    unsigned long long used;
+    unsigned int pid, n = 0;
+    FILE *file;
+
+    if (path == NULL || *path == '\0')
+        path = FAKE_NVML_DEFAULT_RUNNERS;
+    if (d->index != 0 || d->slot >= 0 || *path == '\0' ||
+        (file = fopen(path, "re")) == NULL)
+        return 0;
+    while (n < MAX_RUNNERS && fscanf(file, "%u %llu", &pid, &used) == 2) {
+        p[n].pid = pid;
+        p[n].used = used;
+        p[n].gi = p[n].ci = NO_ID;
+        n++;
+    }
+    fclose(file);
+    return n;
+}
+
 /* ---- memory --------------------------------------------------------- */
+
+/* Add the runners' bytes to *used. */
+static void runners_used(const struct dev *d, unsigned long long *used)
+{
+    struct proc p[MAX_RUNNERS];
+    unsigned int i, n = runners_of(d, p);
+
+    for (i = 0; i < n; i++)
+        *used += p[i].used;
+}
 
 static void memory_figures(const struct dev *d, unsigned long long *total,
                            unsigned long long *reserved,
@@ -512,6 +564,7 @@ static void memory_figures(const struct dev *d, unsigned long long *total,
     case S_MIG: *used = MIG_PARENT_MIB * MIB; break;
     default: *used = 0; break;
     }
+    runners_used(d, used);
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
@@ -605,13 +658,8 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
 
 /* ---- processes (two-call protocol) ---------------------------------- */
 
-struct proc {
-    unsigned int pid;
-    unsigned long long used;
-    unsigned int gi, ci;
-};
-
-/* The processes on a device: 0 or 1 of them. NOT_SUPPORTED or SUCCESS. */
+/* The processes on a device: the mode's 0 or 1, then the runners (p holds
+ * 1 + MAX_RUNNERS). NOT_SUPPORTED or SUCCESS. */
 static nvmlReturn_t processes_of(const struct dev *d, struct proc *p,
                                  unsigned int *n)
 {
@@ -648,6 +696,7 @@ static nvmlReturn_t processes_of(const struct dev *d, struct proc *p,
     default:
         break;
     }
+    *n += runners_of(d, p + *n);
     return NVML_SUCCESS;
 }
 
@@ -658,7 +707,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device,
                                       nvmlProcessInfo_v2_t *infos2,
                                       int v1)
 {
-    struct proc p;
+    struct proc p[1 + MAX_RUNNERS];
     unsigned int n, i;
     nvmlReturn_t ret;
     struct dev *d;
@@ -667,7 +716,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device,
         return NVML_ERROR_UNINITIALIZED;
     if ((d = lookup(device)) == NULL || infoCount == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    ret = processes_of(d, &p, &n);
+    ret = processes_of(d, p, &n);
     if (ret != NVML_SUCCESS)
         return ret;
     if (*infoCount < n) {
@@ -678,13 +727,13 @@ static nvmlReturn_t running_processes(nvmlDevice_t device,
         return NVML_ERROR_INVALID_ARGUMENT;
     for (i = 0; i < n; i++) {
         if (v1) {
-            infos1[i].pid = p.pid;
-            infos1[i].usedGpuMemory = p.used;
+            infos1[i].pid = p[i].pid;
+            infos1[i].usedGpuMemory = p[i].used;
         } else {
-            infos2[i].pid = p.pid;
-            infos2[i].usedGpuMemory = p.used;
-            infos2[i].gpuInstanceId = p.gi;
-            infos2[i].computeInstanceId = p.ci;
+            infos2[i].pid = p[i].pid;
+            infos2[i].usedGpuMemory = p[i].used;
+            infos2[i].gpuInstanceId = p[i].gi;
+            infos2[i].computeInstanceId = p[i].ci;
         }
     }
     *infoCount = n;

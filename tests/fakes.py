@@ -55,13 +55,15 @@ def find_compiler():
     return found
 
 
-def build_fake_nvml(dest_dir, variant="full", default_mode=None):
+def build_fake_nvml(dest_dir, variant="full", default_mode=None, default_runners=None):
     """Compile the fake NVML into dest_dir/libnvidia-ml.so.1; return its path.
 
     variant "full" exports every symbol; "old" is a pre-R510 driver without
     nvmlDeviceGetMemoryInfo_v2 and nvmlDeviceGetComputeRunningProcesses_v3/_v2.
     default_mode: the FAKE_NVML_MODE the library acts in when that variable
     is unset (for callers that clear the environment, like slurmd), else free.
+    default_runners: likewise the FAKE_NVML_RUNNERS file (an emulator's
+    gpu_file: the model runners it has on GPU 0).
     """
     if variant not in ("full", "old"):
         raise ValueError("variant must be 'full' or 'old', not %r" % (variant,))
@@ -75,6 +77,11 @@ def build_fake_nvml(dest_dir, variant="full", default_mode=None):
         cmd.append("-DFAKE_OLD_DRIVER")
     if default_mode is not None:
         cmd.append('-DFAKE_NVML_DEFAULT_MODE="%s"' % default_mode)
+    if default_runners is not None:
+        if not re.match(r"^/[A-Za-z0-9._/-]+$", default_runners):
+            raise ValueError("default_runners must be an absolute path, not %r"
+                             % (default_runners,))
+        cmd.append('-DFAKE_NVML_DEFAULT_RUNNERS="%s"' % default_runners)
     cmd += ["-o", path, FAKE_NVML_C]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

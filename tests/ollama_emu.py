@@ -63,6 +63,8 @@ Modes (fault_on / --fault-on restricts a fault to one path, default "all"):
   healthy       faithful Ollama (the default)
   cold          healthy, but nothing loaded at start (like --cold / loaded=())
   cpu, partial  /api/ps reports size_vram 0 / 45 % of size for every model
+  cpu_claims_gpu  /api/ps reports size_vram = size while the runners run on
+                the CPU (gpu_file lists none)
   hang          read the request, never answer
   trickle       a valid reply, one byte every trickle_interval (2 s) seconds
   close_mid_body  full Content-Length, ~10 body bytes, then close
@@ -85,6 +87,11 @@ began) and .status.  A GET /api/ps that arrives while a warm-up request is in
 flight is also appended to .ps_during_warmup; evictions to .evictions as
 (victim, model loaded, "max_loaded" or "vram").
 
+gpu_file (--gpu-file): a file the emulator keeps as "PID BYTES" lines, one per
+runner it has on the GPU, for the fake NVML (tests/fake_nvml.c,
+FAKE_NVML_RUNNERS) to list as compute processes: what nvidia-smi shows of a
+real Ollama's runners.
+
 Run it:   python3 tests/ollama_emu.py --port 11434 --mode cold --load-seconds 3
           python3 tests/ollama_emu.py --version 0.12.3 --vram-mib 8192 \\
               --model qwen3:latest=generate:completion,tools:5000 \\
@@ -100,6 +107,7 @@ import email.utils
 import hashlib
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -114,6 +122,7 @@ MODES = (
     ("cold", "healthy, nothing loaded at start; first generate waits --load-seconds"),
     ("cpu", "/api/ps reports size_vram 0 (silent CPU fallback)"),
     ("partial", "/api/ps reports size_vram = 45% of size (partial offload)"),
+    ("cpu_claims_gpu", "/api/ps reports size_vram = size, the runner on the CPU"),
     ("hang", "accept and read the request, never answer"),
     ("trickle", "a valid reply sent one byte every 2 seconds"),
     ("close_mid_body", "headers with the full Content-Length, ~10 body bytes, close"),
@@ -610,12 +619,14 @@ class Emulator(HTTPEmulator):
                 none (None: the release's default, see the module docstring)
     runner_options  {name: options} a model loaded at start was loaded with
                 (the job's own request, e.g. {"num_ctx": 32768})
+    gpu_file    where to list the runners on the GPU (module docstring)
     """
 
     def __init__(self, mode="healthy", models=("llama3.2:latest",), loaded=None,
                  load_seconds=5.0, fault_on="all", host="127.0.0.1", port=0,
                  size=2019393189, version="0.32.15", vram_mib=None, max_loaded=None,
-                 cloud="signed_in", context_length=None, runner_options=None):
+                 cloud="signed_in", context_length=None, runner_options=None,
+                 gpu_file=None):
         if mode not in MODE_NAMES:
             raise ValueError("unknown mode %r (one of %s)" % (mode, ", ".join(MODE_NAMES)))
         if cloud not in CLOUD_STATES:
@@ -655,6 +666,8 @@ class Emulator(HTTPEmulator):
             self._vram[name] = self._placement(self._spec(name))
             self._opts[name] = self._runner_options(name, (runner_options or {}).get(name))
             self.loaded.add(name)
+        self.gpu_file = gpu_file
+        self._publish()
         self._modified = _rfc3339(_local_now())
 
     def count(self, method, path):
@@ -833,7 +846,9 @@ class Emulator(HTTPEmulator):
         for name in names:
             spec = self._spec(name)
             size = self._size(spec)
-            vram = {"cpu": 0, "partial": int(size * 0.45)}.get(mode, placed.get(name, size))
+            vram = self._on_gpu(mode, name, size, placed)
+            if mode == "cpu_claims_gpu":
+                vram = size
             seconds = keep.get(name, _DEFAULT_KEEP)
             seconds = _MAX_NS_SECONDS if seconds < 0 else seconds
             expires = _local_now() + datetime.timedelta(seconds=seconds)
@@ -1212,6 +1227,30 @@ class Emulator(HTTPEmulator):
 
     # -- the scheduler (server/sched.go)
 
+    def _on_gpu(self, mode, name, size, placed):
+        """The bytes of a loaded model in VRAM. Current Ollama starts llama-server
+        without -ngl, which fits layers to the free VRAM (llm/llama_server.go
+        L399-409): none (cpu) or some (partial) when other processes hold it.
+        Where it cannot read the runner's buffer sizes it reports the whole
+        model in VRAM ("use model file size as a rough proxy", L2638ff;
+        ollama/ollama#7323, #9704, #10369): cpu_claims_gpu, none really."""
+        if mode in ("cpu", "cpu_claims_gpu"):
+            return 0
+        return int(size * 0.45) if mode == "partial" else placed.get(name, size)
+
+    def _publish(self):
+        """Rewrite gpu_file (under the lock): "PID BYTES" of each runner on the GPU."""
+        if self.gpu_file is None:
+            return
+        lines = []
+        for pid, name in enumerate(sorted(self._vram), 5000):
+            held = self._on_gpu(self.mode, name, self._size(self._spec(name)), self._vram)
+            if held > 0:
+                lines.append("%d %d\n" % (pid, held))
+        with open(self.gpu_file + ".new", "w") as handle:
+            handle.write("".join(lines))
+        os.rename(self.gpu_file + ".new", self.gpu_file)
+
     def _placement(self, spec):
         """size_vram of spec loaded now: all of it, or what VRAM is free (alone)."""
         size = self._size(spec)
@@ -1256,6 +1295,7 @@ class Emulator(HTTPEmulator):
         self.loaded.discard(name)
         self._vram.pop(name, None)
         self._opts.pop(name, None)
+        self._publish()
 
     def _default_context(self):
         """num_ctx when neither the request nor OLLAMA_CONTEXT_LENGTH gives one:
@@ -1363,6 +1403,7 @@ class Emulator(HTTPEmulator):
                 self.loaded.add(name)
                 self._vram[name] = rec["vram"]
                 self._opts[name] = rec["options"]
+                self._publish()
             self._use(name, keep)
         return max(int((time.time() - t0) * 1e9), 100000)
 
@@ -1433,6 +1474,9 @@ def main(argv=None):
     parser.add_argument("--context-length", type=int, default=None, metavar="N",
                         help="OLLAMA_CONTEXT_LENGTH: num_ctx of a request that sends none "
                         "(default 4096, 2048 before 0.6.7)")
+    parser.add_argument("--gpu-file", default=None, metavar="PATH",
+                        help="keep there the runners on the GPU, for the fake NVML's "
+                        "FAKE_NVML_RUNNERS")
     parser.add_argument("--max-loaded", type=int, default=None, metavar="N",
                         help="OLLAMA_MAX_LOADED_MODELS (default 1 before 0.2.0, else 3)")
     parser.add_argument("--load-seconds", type=float, default=5.0, metavar="S",
@@ -1451,7 +1495,8 @@ def main(argv=None):
                        host=args.host, version=args.version,
                        port=args.port if args.port is not None else 0 if command else 11434,
                        vram_mib=args.vram_mib, max_loaded=args.max_loaded,
-                       cloud=args.cloud, context_length=args.context_length)
+                       cloud=args.cloud, context_length=args.context_length,
+                       gpu_file=args.gpu_file)
     except ValueError as exc:
         parser.error(str(exc))
     details = "mode=%s version=%s models=%s loaded=%s" % (

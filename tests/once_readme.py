@@ -45,7 +45,8 @@ What is run, and what is substituted (said where it happens):
     /etc/hosts and the vLLM emulator (tests/openai_emu.py) on port 8000.
   - The GPU example `--gpu --min-free-mib 20000 --max-util 30`: as written,
     with the fake libnvidia-ml.so.1 (tests/fake_nvml.c) installed in the
-    container's /usr/lib/<multiarch>/, where the driver's library goes.
+    container's /usr/lib/<multiarch>/, where the driver's library goes; it
+    lists the emulator's model runner as a process on the GPU.
   - The `GPU_PREFLIGHT_TOKEN_FILE=/etc/gpu_preflight.token ... --api auto
     --host https://llm.example.org` example: as written, with
     llm.example.org resolving to 127.0.0.1 (/etc/hosts), the test CA
@@ -693,13 +694,15 @@ class ExamplesTest(ContainerCase):
         line = self.example(r"gpu_preflight --gpu --min-free-mib ")
         job = re.search(r"&& (/\S+)$", line).group(1)
         support.require_tool(self, "cc", shutil.which("cc") or shutil.which("gcc"))
-        lib = fakes.build_fake_nvml(os.path.join(self.work, "nvml"), default_mode="free")
+        runners = "/run/fake-gpu-runners"   # the emulator's runners on GPU 0, as NVML lists them
+        lib = fakes.build_fake_nvml(os.path.join(self.work, "nvml"), default_mode="free",
+                                    default_runners=runners)
         multiarch = sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
         with open(lib, "rb") as handle:
             self.write_bytes("/usr/lib/%s/libnvidia-ml.so.1" % multiarch, handle.read())
         self.install()
         self.job(job)
-        self.ollama()
+        self.ollama("--gpu-file", self.container.path(runners))
         status, out = self.line(line)
         self.assertEqual((status, out), (0, ""))
         self.assertEqual(len(self.runs(job)), 1)

@@ -18,6 +18,7 @@ import uuid
 
 import fakes
 import support
+from ollama_emu import Model
 from test_contract import SLACK, ContractCase
 
 #: The fakes' figures (tests/fake_nvml.c): MiB.
@@ -49,12 +50,17 @@ class GpuCase(ContractCase):
 
     def setUp(self):
         ContractCase.setUp(self)
-        self.emu = self.emulator()
         self.token = uuid.uuid4().hex      # finds leftover probe processes
+        # Nothing loaded at start: the GPU stage sees the GPU as the test's mode
+        # makes it; the warm-up's load puts the runner on GPU 0, where the fake
+        # NVML lists it (FAKE_NVML_RUNNERS), as a real Ollama's runner would be.
+        self.runners = os.path.join(self.dir, "runners-" + self.token)
+        self.emu = self.emulator(loaded=(), load_seconds=0.05, gpu_file=self.runners)
 
     def gpu(self, args, env=(), deadline=None):
         """Run with the fakes; return (Result, the --json verdict)."""
-        environ = support.cron_env(GPFL_TEST_TOKEN=self.token, **dict(env))
+        environ = support.cron_env(GPFL_TEST_TOKEN=self.token,
+                                   **dict(dict(FAKE_NVML_RUNNERS=self.runners), **dict(env)))
         args = ["--host", self.emu.url, "--json"] + list(args)
         if deadline:
             args += ["--timeout", str(deadline / 2.0), "--deadline", str(deadline)]
@@ -363,6 +369,75 @@ class NvmlTest(GpuCase):
         res, doc = self.gpu([], dict(GPU_PREFLIGHT_MAX_UTIL="50", FAKE_NVML_MODE="busy",
                                      GPU_PREFLIGHT_NVML_LIB=self.lib))
         self.assertVerdict(res, doc, 75, "97% busy")
+
+
+class VramTruthTest(GpuCase):
+    """Where the model sits, as the GPU tells it (--gpu, Ollama on this host):
+    size_vram 0 is VRAM other processes hold (75) or a GPU Ollama cannot use
+    (69, Ollama's own remedies); VRAM that /api/ps claims and the GPU does not
+    hold is a CPU run (69)."""
+
+    def serve(self, mode, size_mib=None, loaded=()):
+        """The emulator in mode, llama3.2 (size_mib) loaded at start or not."""
+        model = Model("llama3.2:latest", size=size_mib and size_mib * 1048576)
+        self.emu = self.emulator(mode=mode, models=(model,), loaded=loaded,
+                                 load_seconds=0.05, gpu_file=self.runners)
+
+    def assertPlacement(self, res, doc, code, *texts):
+        self.assertEqual((res.code, doc["exit_code"]), (code, code), res)
+        _, fields = self.log()
+        self.assertEqual(fields["stage"], "placement" if code else "-")
+        for text in texts:
+            self.assertIn(text, doc["reason"])
+            self.assertIn(text, fields["reason"])
+
+    def test_size_vram_0_on_a_gpu_others_fill_is_vram_held_by_others(self):
+        self.serve("cpu", size_mib=60000)
+        res, doc = self.nvml(mode="busy")
+        self.assertPlacement(res, doc, 75, "llama3.2:latest runs on the CPU", "VRAM held by "
+                             "other processes (%d MiB free, the model needs 60000 MiB)"
+                             % (FREE - BUSY_USED))
+
+    def test_size_vram_0_on_a_gpu_with_room_names_ollamas_remedies(self):
+        self.serve("cpu")
+        res, doc = self.nvml()
+        self.assertPlacement(res, doc, 69, "the GPU has room (%d MiB free, the model needs "
+                             "1925 MiB)" % FREE, "reload nvidia_uvm", "reboot",
+                             "restarting ollama alone may not help")
+
+    def test_vram_claimed_but_not_held_is_a_cpu_run(self):
+        """Ollama's 100 % fallback (it cannot read the runner's buffers): the
+        GPU read again after the warm-up's load, or as the GPU stage saw it."""
+        for loaded in ((), None):
+            with self.subTest(loaded=loaded):
+                self.sink.messages(wait=0.01)
+                self.serve("cpu_claims_gpu", loaded=loaded)
+                res, doc = self.nvml()
+                self.assertPlacement(res, doc, 69, "Ollama reports 1925 MiB in VRAM but the "
+                                     "GPU holds ", "it is running on the CPU")
+                self.assertEqual(self.emu.count("POST", "/api/generate"), 1)
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml(["--allow-cpu"])
+        self.assertPlacement(res, doc, 0)
+
+    def test_a_model_the_gpu_holds_is_ready(self):
+        """Cold: the GPU is read again after the load (a second placement
+        stage) and shows the runner; loaded: the GPU stage saw it already."""
+        self.serve("healthy")
+        res, doc = self.nvml()
+        self.assertPlacement(res, doc, 0)
+        self.assertEqual(doc["gpu"]["gpus"][0]["proc_mib"], 0)
+        self.assertEqual([s["name"] for s in doc["stages"]].count("placement"), 2)
+        self.sink.messages(wait=0.01)
+        res, doc = self.nvml()
+        self.assertPlacement(res, doc, 0)
+        self.assertEqual(doc["gpu"]["gpus"][0]["proc_mib"], 1925)
+        self.assertEqual([s["name"] for s in doc["stages"]].count("placement"), 1)
+
+    def test_a_backend_without_memory_per_process_is_a_note(self):
+        self.serve("cpu_claims_gpu")
+        res, doc = self.smi()
+        self.assertPlacement(res, doc, 0, "VRAM use not cross-checked (nvidia-smi")
 
 
 class SmiTest(GpuCase):

@@ -301,6 +301,41 @@ class EvictionTest(ModelsCase):
         self.verdict(self.check(emu.url, *args), 0, "partial offload")
 
 
+class PlacementTest(ModelsCase):
+    def test_min_vram_pct_makes_a_partial_offload_temporary(self):
+        """--min-vram-pct P: a model with less than P % of it in VRAM is 75
+        naming it and both shares (even with --allow-cpu); at or under its
+        share, and without the option, a partial offload is a note."""
+        emu = self.ollama(qwen(gpu_pct=45), nomic())
+        args = ("--model", "qwen3", "--model", "nomic-embed-text")
+        for extra in (("--min-vram-pct", "100"), ("--allow-cpu", "--min-vram-pct", "46")):
+            with self.subTest(extra=extra):
+                self.drain()
+                fields = self.verdict(self.check(emu.url, *(args + extra)), 75,
+                                      "qwen3:latest: partial offload 45 %% < %s %%" % extra[-1])
+                self.assertEqual(fields["stage"], "placement")
+        for extra in (("--min-vram-pct", "45"), ()):
+            with self.subTest(extra=extra):
+                self.drain()
+                self.verdict(self.check(emu.url, *(args + extra)), 0,
+                             "partial offload: 45% of qwen3:latest in VRAM")
+        self.drain()
+        res = self.check(emu.url, "--min-vram-pct", "101")
+        self.assertEqual((res.code, res.stdout), (64, ""), res)
+        self.assertIn("--min-vram-pct", res.stderr)
+
+    def test_size_vram_0_without_the_gpu_stage_names_both_causes(self):
+        """Without --gpu nothing tells VRAM held by other processes (Ollama fits
+        layers to the free VRAM) from a GPU Ollama cannot use (after suspend:
+        nvidia_uvm), so the reason names both and the remedies of each."""
+        emu = self.ollama(llama(gpu_pct=0))
+        fields = self.verdict(self.check(emu.url, "--model", "llama3.2"), 69,
+                              "llama3.2:latest runs on the CPU (size_vram 0)",
+                              "other processes hold the VRAM", "--gpu", "reload nvidia_uvm",
+                              "reboot", "--allow-cpu")
+        self.assertNotIn("restart ollama,", fields["reason"])
+
+
 class MissingAndBadModelsTest(ModelsCase):
     def test_every_missing_model_is_named_and_nothing_is_warmed(self):
         emu = self.ollama(qwen(), nomic())

@@ -431,6 +431,48 @@ class GpuParseTest(unittest.TestCase):
                          (69, "GPU 0 (GPU-a): retired pages pending: the GPU needs a reset"))
 
 
+class VramJudgeTest(unittest.TestCase):
+    """Where a model sits, judged from the GPU stage's figures (pure functions):
+    size_vram 0 by the free memory, a VRAM claim by what the GPUs hold."""
+
+    def run_of(self, host="http://127.0.0.1:11434", **figures):
+        gpu = gp.gpu_record(0, "GPU-a", "H200", total=143771)
+        gpu.update(figures)
+        return type("Run", (), dict(opts=type("Opts", (), dict(host=host)),
+                                    gpu={"backend": "nvml", "gpus": [gpu]}))
+
+    def test_size_vram_0_by_the_free_memory_of_the_servers_gpus(self):
+        for figures, host, code, text in (
+                (dict(free_mib=1000), None, 75, "VRAM held by other processes (1000 MiB "
+                 "free, the model needs 1925 MiB)"),
+                (dict(free_mib=140000), None, 69, "the GPU has room (140000 MiB free"),
+                (dict(free_mib=None), None, 69, "other processes hold the VRAM"),
+                (dict(free_mib=1000), "http://gpu1:11434", 69, "other processes hold")):
+            run = self.run_of(host or "http://127.0.0.1:11434", **figures)
+            code_, reason = gp.on_the_cpu(run, "m", 1925)
+            self.assertEqual(code_, code, (figures, host))
+            self.assertIn(text, reason)
+            if code == 69:
+                self.assertIn("reload nvidia_uvm", reason)
+        run = self.run_of()
+        run.gpu = None
+        self.assertIn("--gpu on the server's host", gp.on_the_cpu(run, "m", 1)[1])
+
+    def test_what_the_gpus_hold(self):
+        """Processes' memory, or the memory in use where that is more; after a
+        load (read again), the memory taken since the GPU stage."""
+        run = self.run_of(free_mib=140000, proc_mib=0)
+        self.assertEqual(gp.vram_held(run), 3771)
+        again = [dict(run.gpu["gpus"][0], free_mib=138000, proc_mib=1925)]
+        self.assertEqual(gp.vram_held(run, again), 2000)
+        again[0]["free_mib"], again[0]["proc_mib"] = 140000, None
+        self.assertEqual(gp.vram_held(run, again), 0)
+        again[0]["free_mib"] = None
+        self.assertIsNone(gp.vram_held(run, again))
+        mig = dict(run.gpu["gpus"][0], parent="GPU-a", proc_mib=20480)
+        self.assertEqual(gp.vram_held(run, [again[0], mig]), None)
+
+
 class SanitiseTest(unittest.TestCase):
     def test_control_characters_and_length(self):
         text = gp.sanitise("a\nb\r\x1b[31mc\x00" + "x" * 500)
@@ -637,7 +679,7 @@ class StateKeyTest(unittest.TestCase):
         "load-timeout": "120",
         "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
         "ollama-option": "num_ctx=8192", "allow-cpu": None, "allow-cloud": None,
-        "min-context": "32768", "gpu": None,
+        "min-context": "32768", "min-vram-pct": "90", "gpu": None,
         "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
         "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
         "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
