@@ -50,7 +50,10 @@ class AnsibleTest(cfg_harness.DeployChecks, unittest.TestCase):
                "ANSIBLE_LOCAL_TEMP": os.path.join(home, "tmp"),
                # absolute: "~/.ansible/tmp" becomes ~root's, whatever HOME says
                "ANSIBLE_REMOTE_TEMP": os.path.join(home, "remote-tmp"),
-               "ANSIBLE_CONFIG": os.path.join(play, "ansible.cfg")}
+               "ANSIBLE_CONFIG": os.path.join(play, "ansible.cfg"),
+               # each module logs its invocation to syslog (the machine's
+               # /dev/log) unless told not to (ansible.cfg no_target_syslog)
+               "ANSIBLE_NO_TARGET_SYSLOG": "True"}
         status, out = host.run(
             [tool, "-i", "localhost,", "-c", "local",
              "-e", "ansible_python_interpreter=" + cfg_harness.DEBIAN_PYTHON,
