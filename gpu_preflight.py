@@ -358,14 +358,14 @@ class Run(object):
     @contextlib.contextmanager
     def step(self, name, timeout=None, optional=False, what=None, model=None):
         """Run a stage; its budget is min(timeout or --timeout, time left), a
-        warm-up's --load-timeout when /api/ps did not list its model.
+        warm-up's --load-timeout when its model may load (may_load).
         what: the request, when not STAGE_WHAT's; model: the one it warms."""
         now = time.monotonic()
         left = self.deadline_at - now
         what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
         if left <= 0:
             raise Fail(EX_TEMPFAIL, self.deadline_text("before " + what), name)
-        loads = name == "warmup" and model is not None and model["was_loaded"] is False
+        loads = name == "warmup" and model is not None and may_load(model)
         limit = timeout or (self.opts.load_timeout if loads else self.opts.timeout)
         stage = Stage(name, now, now + min(limit, left), optional, what, model, limit)
         budget = stage.ends_at - now
@@ -594,7 +594,7 @@ def check_service(run, client):
             except Fail:
                 pass
         if opts.warmup != "off":
-            run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
+            run.make_room_for_loads(sum(may_load(m) for m in run.models))
     if opts.require or opts.warmup != "off":
         ollama_kinds(run, client)
         check_requirements(run)
@@ -679,6 +679,12 @@ def is_cloud(name, entry):
     """Whether Ollama runs this model on ollama.com, not on this host: its
     /api/tags entry has a remote_host (Ollama 0.12 on), or its name asks for it."""
     return bool(entry.get("remote_host")) or re.search(_CLOUD_REF, name) is not None
+
+
+def may_load(model):
+    """Whether a model's warm-up may take a load's time (--load-timeout): /api/ps
+    did not list it, or it runs on ollama.com, which may queue or cold-start it."""
+    return model["was_loaded"] is False or model["cloud"]
 
 
 def judge_cloud(run):

@@ -523,7 +523,8 @@ class Model(object):
     capabilities  what /api/show and /api/tags report (default ["completion"]
                   or ["embedding"]); the server checks requests against them
     size          bytes (default: the emulator's size, or 274302450 for embed)
-    load_seconds  cold-load time (default: the emulator's load_seconds)
+    load_seconds  cold-load time (default: the emulator's load_seconds); a
+                  cloud model's: how long ollama.com takes to answer (default 0)
     gpu_pct       force size_vram to this share of size once loaded (0: the CPU
                   fallback, 45: partial offload); default: as the scheduler
                   places it in the VRAM budget
@@ -1049,6 +1050,10 @@ class Emulator(HTTPEmulator):
         refusal = self._cloud_refusal(raw_name, name, "remote model is unavailable")
         if refusal:
             return refusal
+        # The relay waits for ollama.com's answer however long it takes there
+        # (a queue, a cold start): cloud_proxy.go passes the upstream reply on.
+        if self._stop.wait(self._spec(name or raw_name).load_seconds or 0):
+            return None
         options = req.get("options") or {}
         final = {"model": _cloud_base(raw_name) if self._cloud_ref(raw_name) else raw_name}
         if not self._cloud_ref(raw_name):

@@ -603,6 +603,17 @@ class CloudModelTest(ModelsCase):
         self.assertEqual(self.verdict(res, 0)["cloud"], "yes")
         self.assertEqual(self.warmups(emu), [("/api/generate", "qwen3-coder:480b-cloud", 200)])
 
+    def test_a_slow_answer_from_ollama_com_gets_the_load_bound(self):
+        """ollama.com may queue or cold-start a cloud model: its warm-up gets
+        --load-timeout and the default deadline grows by as much, so a relay
+        answering after 5 s with the default --timeout (3 s) is ready (before: 75
+        "timed out after 3s")."""
+        emu = self.ollama(Model("gpt-oss:120b-cloud", "cloud", load_seconds=5))
+        res = self.run_gp(["--host", emu.url, "--model", "gpt-oss:120b-cloud",
+                           "--allow-cloud"])
+        self.verdict(res, 0, "gpt-oss:120b-cloud answered a token", "ollama.com")
+        self.assertEqual(self.warmups(emu), [("/api/generate", "gpt-oss:120b-cloud", 200)])
+
     def test_cloud_turned_off_on_the_server_names_ollama_no_cloud(self):
         """403 "ollama cloud is disabled": 78 naming OLLAMA_NO_CLOUD, not Ollama's
         host guard (the 403 of a wrong Host header)."""
