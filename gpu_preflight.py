@@ -1477,7 +1477,8 @@ def classify_answer(what, status, body, api="ollama"):
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
     said = "%s: %d %s" % (what, status, quoted)
-    cloud = cloud_refusal(status, message, body)
+    # Under --api openai a 401 refuses the token, even with a signin_url (a gateway's).
+    cloud = None if status == 401 and api == "openai" else cloud_refusal(status, message, body)
     return next((code, reason) for applies, code, reason in (
         (cloud is not None, EX_CONFIG, "%s: %d %s: %s" % (what, status, quoted, cloud)),
         (status in (401, 403) and api == "openai", EX_CONFIG, said + ": the server refuses "
@@ -1511,9 +1512,10 @@ def cloud_refusal(status, message, body):
     except (ValueError, TypeError, KeyError):
         return None
     if isinstance(link, str):                       # its query: host name and key
+        base = link.split("?")[0].split("#")[0]
         return ("the Ollama server is not signed in to ollama.com: run ollama signin "
-                "on the server's host (it prints the link, %s?...)"
-                % sanitise(link.split("?")[0].split("#")[0], 80))
+                "on the server's host (it prints the link, %s%s)"
+                % (sanitise(base, 80), "?..." if base != link else ""))
     return None
 
 

@@ -272,6 +272,20 @@ class ClassifyTest(unittest.TestCase):
                 self.assertEqual(got_code, code)
                 self.assertIn(text, reason)
 
+    def test_a_sign_in_link_and_a_gateways_401(self):
+        """A sign-in link without a query is shown whole (no "?..."); under --api
+        openai a 401 with a signin_url is a gateway refusing the token, not
+        "run ollama signin"."""
+        gen, bare = "POST /api/generate", b'{"error":"unauthorized","signin_url":' \
+            b'"https://ollama.com/connect"}'
+        code, reason = gp.classify_answer(gen, 401, bare)
+        self.assertEqual(code, 78)
+        self.assertIn("(it prints the link, https://ollama.com/connect)", reason)
+        code, reason = gp.classify_answer("POST /v1/chat/completions", 401, bare, "openai")
+        self.assertEqual(code, 78)
+        self.assertIn("refuses the credentials", reason)
+        self.assertNotIn("ollama signin", reason)
+
 
 class ContextJudgeTest(unittest.TestCase):
     """The judges of the context window and of a warm-up that reloaded a runner."""
