@@ -2414,7 +2414,8 @@ class Shared(object):
 
     def fly(self, run):
         """Take the flight lock, waiting (to the deadline) while another caller
-        checks; then a verdict to reuse, or None when this caller is to check."""
+        checks; then a verdict to reuse, or None when this caller is to check.
+        A default deadline waits as long as that check may load every model."""
         try:
             fd = open_no_follow(self.base + ".lock", 0o600)
         except OSError as exc:      # checked alone, as without --share-result
@@ -2423,6 +2424,8 @@ class Shared(object):
             return None
         since, waited = time.time(), False
         while not try_flock(fd):
+            if not waited:          # (the same key: the same models)
+                run.make_room_for_loads(len(self.opts.model or [None]))
             if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
                 os.close(fd)
                 raise Fail(EX_TEMPFAIL, run.deadline_text("waiting for another caller's "

@@ -392,6 +392,21 @@ class ShareResultTest(JobCase):
         self.assertEqual([r[0] for r in results], [0] * 10, results)
         self.assertEqual(emu.count("POST", "/api/generate"), 1)
 
+    def test_a_waiter_waits_out_a_cold_load_past_the_default_deadline(self):
+        """A caller arriving while another's check loads the model (12 s, past
+        the default 10 s deadline) waits as long as that load may take, and
+        reuses its ready verdict: both 0, one warm-up (before: the waiter was 75
+        "deadline of 10s reached waiting for another caller's check")."""
+        emu = self.emulator(mode="cold", load_seconds=12)
+        args = self.shared(emu, "--load-timeout", "30", "--json")
+        first = self.start(args)
+        support.wait_for_flock(lambda: glob.glob(os.path.join(self.state, "*.lock")))
+        second = self.start(args)
+        results = [self.finish(p, timeout=90) for p in (first, second)]
+        self.assertEqual([r[0] for r in results], [0, 0], results)
+        self.assertEqual(emu.count("POST", "/api/generate"), 1)
+        self.assertEqual([json.loads(r[1])["reused"] for r in results], [False, True])
+
     def test_a_waiter_with_wait_time_checks_again_after_a_failure(self):
         port = free_port()
         hang = Emulator(mode="hang", port=port).start()
