@@ -1028,7 +1028,7 @@ def check_placement(run, running):
         if vram == 0 and not run.opts.allow_cpu:
             model["reason"] = "runs on the CPU"
             raise Fail(*on_the_cpu(run, model["name"], size >> 20))
-        if least and 100 * vram < least * size:
+        if least and 100 * vram < least * size and vram:    # --allow-cpu takes 0
             model["reason"] = "partial offload"
             raise Fail(EX_TEMPFAIL, "model %s: partial offload %d %% < %d %% "
                        "(--min-vram-pct): the rest runs on the CPU, as the GPU had no "
