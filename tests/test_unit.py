@@ -479,6 +479,16 @@ class VramJudgeTest(unittest.TestCase):
         mig = dict(run.gpu["gpus"][0], parent="GPU-a", runner_mib=20480)
         self.assertIsNone(gp.vram_held(run, [again[0], mig]))
 
+    def test_no_reread_of_the_gpu_in_the_deadlines_last_second(self):
+        """After a load with under 1 s left before the deadline the GPU is not
+        read again (a note): the re-read never cuts a ready verdict."""
+        run = self.run_of()
+        run.opts.gpu_timeout, run.notes, run.cut = 5.0, [], False
+        run.deadline_at = gp.time.monotonic() + 0.5
+        self.assertIsNone(gp.gpus_again(run))
+        self.assertIn("no time left to read the GPU again", run.notes[0])
+        self.assertFalse(run.cut)
+
     def test_runners_are_named_by_their_comm(self):
         """runner_mib counts the processes whose /proc/PID/comm is a runner's
         (this test process is python: not one); a PID gone counts nothing."""
