@@ -1091,8 +1091,8 @@ def check_vram_held(run):
             return
     held = vram_held(run, after, all(m["was_loaded"] is False for m in local))
     if held is None:
-        run.notes.append("VRAM use not cross-checked (NVML's processes are not this "
-                         "host's to name, and the warm-up did not load every model)")
+        run.notes.append("VRAM use not cross-checked (NVML's per-process figures are "
+                         "unusable here, and the warm-up did not load every model)")
     elif held * 2 < claimed:
         raise Fail(EX_UNAVAILABLE, "Ollama reports %d MiB in VRAM but the GPU holds %s: it "
                    "is running on the CPU (its GPU backend did not load: see the server "
