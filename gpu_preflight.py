@@ -1034,7 +1034,7 @@ def check_placement(run, running):
         if vram == 0 and not run.opts.allow_cpu:
             model["reason"] = "runs on the CPU"
             raise Fail(*on_the_cpu(run, model["name"], size >> 20))
-        if least and 100 * vram < least * size:
+        if least and 100 * vram < least * size and vram:    # --allow-cpu takes 0
             model["reason"] = "partial offload"
             raise Fail(EX_TEMPFAIL, "model %s: partial offload %d %% < %d %% "
                        "(--min-vram-pct): the rest runs on the CPU, as the GPU had no "
@@ -1079,8 +1079,8 @@ def check_vram_held(run):
     """--gpu on the server's host: the GPUs hold at least half of what /api/ps
     says is in VRAM. Ollama reports all of a model in VRAM when it cannot read
     the runner's buffer sizes (ollama/ollama#7323, #9704, #10369), so only the
-    driver can tell a CPU run: NVML's figures of the GPU stage, read again
-    when the warm-up loaded a model."""
+    driver can tell a CPU run: NVML, read again when the warm-up loaded a
+    model (or reloaded it: load_duration over 1 s)."""
     local = local_models(run)
     claimed = sum(m["size_vram"] or 0 for m in local if m["resident"]) >> 20
     if run.opts.allow_cpu or not claimed or not run.gpu or not is_loopback(
@@ -1091,35 +1091,51 @@ def check_vram_held(run):
                          % run.gpu["backend"])
         return
     after = None
-    if not all(m["was_loaded"] for m in local):
-        try:
-            with run.step("placement", run.opts.gpu_timeout, optional=True,
-                          what="the GPU probe") as budget:
-                doc = probe_nvml(run, time.monotonic() + budget)
-        except Fail as exc:
-            run.notes.append("VRAM use not cross-checked (%s)" % exc.reason)
+    if not all(m["was_loaded"] and (m["load_ms"] or 0) <= 1000 for m in local):
+        after = gpus_again(run)
+        if after is None:
             return
-        after = doc["gpus"] if isinstance(doc, dict) else []
-    held = vram_held(run, after)
+    held = vram_held(run, after, all(m["was_loaded"] is False for m in local))
     if held is None:
-        run.notes.append("VRAM use not cross-checked (NVML reports no memory figures)")
+        run.notes.append("VRAM use not cross-checked (NVML's per-process figures are "
+                         "unusable here, and the warm-up did not load every model)")
     elif held * 2 < claimed:
         raise Fail(EX_UNAVAILABLE, "Ollama reports %d MiB in VRAM but the GPU holds %s: it "
                    "is running on the CPU (its GPU backend did not load: see the server "
                    "log)" % (claimed, "only %d MiB" % held if held else "none"), "placement")
 
 
-def vram_held(run, after=None):
-    """MiB the GPUs hold: their compute processes' memory or, where that is
-    less (a container's PID namespace hides processes), the memory in use;
-    with after (read again after a load), the memory taken since the GPU
-    stage. None: NVML told neither."""
-    procs = local_gpus(run, "proc_mib", after)
+def gpus_again(run):
+    """The GPUs as NVML tells them now (a second placement stage), or None
+    and a note: it failed, or the deadline leaves it no room (1 s is kept for
+    the verdict, so the re-read never cuts a ready run)."""
+    room = run.deadline_at - time.monotonic() - 1.0
+    if room <= 0:
+        run.notes.append("VRAM use not cross-checked (no time left to read the GPU "
+                         "again before the deadline)")
+        return None
+    try:
+        with run.step("placement", min(run.opts.gpu_timeout, room), optional=True,
+                      what="the GPU probe") as budget:
+            doc = probe_nvml(run, time.monotonic() + budget)
+    except Fail as exc:
+        run.notes.append("VRAM use not cross-checked (%s)" % exc.reason)
+        return None
+    return doc["gpus"] if isinstance(doc, dict) else []
+
+
+def vram_held(run, after=None, grew=False):
+    """MiB the GPUs give Ollama: its runners' memory (runner_mib) where NVML
+    names the processes, else, when the warm-up loaded every model (grew) and
+    the GPUs were read again (after), the memory taken since the GPU stage;
+    never the memory in use as such (other tenants, the driver's reserve).
+    None: neither is known."""
+    runners = local_gpus(run, "runner_mib", after)
+    if runners is not None or not grew or after is None:
+        return runners
     free = local_gpus(run, "free_mib", after)
-    base = local_gpus(run, "total_mib" if after is None else "free_mib")
-    used = None if free is None or base is None else base - free
-    known = [n for n in (procs, used) if n is not None]
-    return max(known) if known else None
+    base = local_gpus(run, "free_mib")
+    return None if free is None or base is None else base - free
 
 
 def unloaded(run, gone, causes):
@@ -1774,7 +1790,7 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
     """One GPU as every backend reports it; None is "cannot be read"."""
     return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
             "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
-            "temp_c": temp, "mig": None, "parent": None, "access": True, "error": error,
+            "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True, "error": error,
             "health": None}
 
 
@@ -2085,6 +2101,8 @@ class Nvml(object):
                 gpu["procs"] = number.value if code == 0 else None
                 gpu["proc_mib"] = None if None in used or NVML_VALUE_NOT_AVAILABLE % 2 ** 64 \
                     in used else sum(used) >> 20
+                gpu["runner_mib"] = None if gpu["proc_mib"] is None else runner_mib(
+                    [rows[i].pid for i in range(number.value)], used)
                 return
 
     def health(self, handle):
@@ -2098,6 +2116,30 @@ class Nvml(object):
                            ecc.value if self.call("nvmlDeviceGetTotalEccErrors", handle,
                                                   c.c_int(1), c.c_int(0), c.byref(ecc)) == 0
                            else None)
+
+
+#: /proc/PID/comm of Ollama's model runners: llama-server (GGUF models, 0.30.0
+#: on), `ollama runner` (the server's own binary), ollama_llama_server (older
+#: releases; comm keeps 15 characters).
+RUNNER_COMMS = ("llama-server", "ollama", "ollama_llama_se")
+
+
+def runner_mib(pids, used):
+    """MiB that Ollama's runners among NVML's processes (pids, used bytes)
+    hold; None when this process is not in the host's PID namespace (NVML
+    gives the host's PIDs, and /proc here would name other processes)."""
+    try:            # PROC_PID_INIT_INO (include/linux/proc_ns.h): the host's
+        if os.readlink("/proc/self/ns/pid") != "pid:[4026531836]":
+            return None
+    except OSError:
+        return None
+    total = 0
+    for pid, size in zip(pids, used):
+        with contextlib.suppress(OSError):
+            with open("/proc/%d/comm" % pid, "rb") as handle:
+                if handle.read().rstrip(b"\n").decode("ascii", "replace") in RUNNER_COMMS:
+                    total += size
+    return total >> 20
 
 
 def nvml_health(rows_pending, rows_failed, pages_pending, uncorrected):

@@ -90,7 +90,7 @@ flight is also appended to .ps_during_warmup; evictions to .evictions as
 gpu_file (--gpu-file): a file the emulator keeps as "PID BYTES" lines, one per
 runner it has on the GPU, for the fake NVML (tests/fake_nvml.c,
 FAKE_NVML_RUNNERS) to list as compute processes: what nvidia-smi shows of a
-real Ollama's runners.
+real Ollama's runners. Each PID is a real process named llama-server (a sleep).
 
 Run it:   python3 tests/ollama_emu.py --port 11434 --mode cold --load-seconds 3
           python3 tests/ollama_emu.py --version 0.12.3 --vram-mib 8192 \\
@@ -110,7 +110,10 @@ import math
 import os
 import random
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from http.client import responses as _REASONS
 
@@ -607,6 +610,19 @@ def _vector(seed, dims, normalize=True):
 
 # ---------------------------------------------------------------- the emulator
 
+def _named_process(folder, name):
+    """A sleep of an hour whose /proc/PID/comm is name (folder/name links to
+    sleep), once the kernel has named it: execve sets comm after it closes
+    the descriptors Popen waits on, so Popen may return before."""
+    proc = subprocess.Popen([os.path.join(folder, name), "3600"])
+    for _ in range(500):
+        with open("/proc/%d/comm" % proc.pid) as handle:
+            if handle.read().strip() == name:
+                break
+        time.sleep(0.01)
+    return proc
+
+
 class Emulator(HTTPEmulator):
     """An Ollama look-alike on a loopback port. See the module docstring.
 
@@ -668,6 +684,7 @@ class Emulator(HTTPEmulator):
             self._opts[name] = self._runner_options(name, (runner_options or {}).get(name))
             self.loaded.add(name)
         self.gpu_file = gpu_file
+        self._runners, self._runner_dir = [], None   # llama-server look-alikes
         self._publish()
         self._modified = _rfc3339(_local_now())
 
@@ -1248,13 +1265,34 @@ class Emulator(HTTPEmulator):
         if self.gpu_file is None:
             return
         lines = []
-        for pid, name in enumerate(sorted(self._vram), 5000):
+        for pid, name in zip(self._runner_pids(len(self._vram)), sorted(self._vram)):
             held = self._on_gpu(self.mode, name, self._size(self._spec(name)), self._vram)
             if held > 0:
                 lines.append("%d %d\n" % (pid, held))
         with open(self.gpu_file + ".new", "w") as handle:
             handle.write("".join(lines))
         os.rename(self.gpu_file + ".new", self.gpu_file)
+
+    def _runner_pids(self, count):
+        """The PIDs of count real processes whose /proc/PID/comm is llama-server,
+        as Ollama 0.30.0 on starts one per loaded model (llm/llama_server.go):
+        what NVML lists, and gpu_preflight names by comm. Each lives an hour
+        at most (one left behind ends); stop() ends them all."""
+        if self._runner_dir is None:
+            self._runner_dir = tempfile.mkdtemp(prefix="ollama-emu-")
+            os.symlink(shutil.which("sleep"), os.path.join(self._runner_dir, "llama-server"))
+        self._runners = [p for p in self._runners if p.poll() is None]
+        while len(self._runners) < count:
+            self._runners.append(_named_process(self._runner_dir, "llama-server"))
+        return [p.pid for p in self._runners[:count]]
+
+    def _close(self, taken, conns):
+        HTTPEmulator._close(self, taken, conns)
+        for proc in self._runners:
+            proc.kill()
+            proc.wait()
+        if self._runner_dir is not None:
+            shutil.rmtree(self._runner_dir, ignore_errors=True)
 
     def _placement(self, spec):
         """size_vram of spec loaded now: all of it, or what VRAM is free (alone)."""

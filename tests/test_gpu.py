@@ -434,6 +434,40 @@ class VramTruthTest(GpuCase):
         self.assertEqual(doc["gpu"]["gpus"][0]["proc_mib"], 1925)
         self.assertEqual([s["name"] for s in doc["stages"]].count("placement"), 1)
 
+    def test_another_tenants_vram_is_not_ollamas(self):
+        """On a GPU another tenant fills (100 GiB), a CPU run that /api/ps
+        says is in VRAM is still a CPU run: only Ollama's runners' memory
+        counts, loaded before the check or by its warm-up."""
+        for loaded in ((), None):
+            with self.subTest(loaded=loaded):
+                self.sink.messages(wait=0.01)
+                self.serve("cpu_claims_gpu", loaded=loaded)
+                res, doc = self.nvml(mode="busy")
+                self.assertPlacement(res, doc, 69, "Ollama reports 1925 MiB in VRAM but "
+                                     "the GPU holds none", "it is running on the CPU")
+
+    def test_a_small_model_is_not_held_by_the_drivers_reserve(self):
+        """An embedding model of 274 MiB on the CPU, /api/ps claiming it in
+        VRAM, on an idle GPU whose driver reserves 542 MiB: a CPU run."""
+        model = Model("nomic-embed-text:latest", "embed", size=274 * 1048576)
+        self.emu = self.emulator(mode="cpu_claims_gpu", models=(model,), loaded=None,
+                                 load_seconds=0.05, gpu_file=self.runners)
+        res, doc = self.nvml()
+        self.assertPlacement(res, doc, 69, "Ollama reports 274 MiB in VRAM but the GPU "
+                             "holds none")
+
+    def test_a_model_on_a_shared_gpu_is_ready_and_read_again_after_a_reload(self):
+        """Ollama's runner on a GPU another tenant also uses: ready. A loaded
+        model the warm-up reloads (num_ctx differs, load_duration 1.5 s) is
+        judged on the GPU read again after it, not on the GPU stage's view."""
+        model = Model("llama3.2:latest", load_seconds=1.5)
+        self.emu = self.emulator(models=(model,), gpu_file=self.runners)
+        res, doc = self.nvml(["--ollama-option", "num_ctx=8192"], mode="busy")
+        self.assertPlacement(res, doc, 0)
+        self.assertEqual(len(self.emu.reloads), 1)
+        self.assertGreater(doc["models"][0]["load_ms"], 1000)
+        self.assertEqual([s["name"] for s in doc["stages"]].count("placement"), 2)
+
     def test_a_backend_without_memory_per_process_is_a_note(self):
         self.serve("cpu_claims_gpu")
         res, doc = self.smi()

@@ -324,6 +324,13 @@ class PlacementTest(ModelsCase):
         self.assertEqual((res.code, res.stdout), (64, ""), res)
         self.assertIn("--min-vram-pct", res.stderr)
 
+    def test_allow_cpu_takes_a_model_on_the_cpu_whatever_min_vram_pct_says(self):
+        """--allow-cpu --min-vram-pct 50: a model wholly on the CPU (size_vram
+        0) is what --allow-cpu accepts, not a partial offload of 0 %."""
+        emu = self.ollama(llama(gpu_pct=0))
+        self.verdict(self.check(emu.url, "--model", "llama3.2", "--allow-cpu",
+                                "--min-vram-pct", "50"), 0)
+
     def test_size_vram_0_without_the_gpu_stage_names_both_causes(self):
         """Without --gpu nothing tells VRAM held by other processes (Ollama fits
         layers to the free VRAM) from a GPU Ollama cannot use (after suspend:

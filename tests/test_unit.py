@@ -3,10 +3,12 @@
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import unittest
 from unittest import mock
 
+import ollama_emu
 import support
 
 gp = support.load_script()
@@ -473,18 +475,50 @@ class VramJudgeTest(unittest.TestCase):
         self.assertIn("--gpu on the server's host", gp.on_the_cpu(run, "m", 1)[1])
 
     def test_what_the_gpus_hold(self):
-        """Processes' memory, or the memory in use where that is more; after a
-        load (read again), the memory taken since the GPU stage."""
-        run = self.run_of(free_mib=140000, proc_mib=0)
-        self.assertEqual(gp.vram_held(run), 3771)
-        again = [dict(run.gpu["gpus"][0], free_mib=138000, proc_mib=1925)]
-        self.assertEqual(gp.vram_held(run, again), 2000)
-        again[0]["free_mib"], again[0]["proc_mib"] = 140000, None
-        self.assertEqual(gp.vram_held(run, again), 0)
-        again[0]["free_mib"] = None
+        """Ollama's runners' memory where NVML's processes can be named; else,
+        only when the warm-up loaded every model, the memory taken since the
+        GPU stage; never the memory in use (another tenant, the driver's
+        reserve), which made a CPU run on a busy GPU look held."""
+        run = self.run_of(free_mib=40000, proc_mib=102400, runner_mib=0)
+        self.assertEqual(gp.vram_held(run), 0)
+        again = [dict(run.gpu["gpus"][0], free_mib=38000, runner_mib=1925)]
+        self.assertEqual(gp.vram_held(run, again, grew=True), 1925)
+        again[0]["runner_mib"] = None           # another PID namespace
+        self.assertEqual(gp.vram_held(run, again, grew=True), 2000)
         self.assertIsNone(gp.vram_held(run, again))
-        mig = dict(run.gpu["gpus"][0], parent="GPU-a", proc_mib=20480)
-        self.assertEqual(gp.vram_held(run, [again[0], mig]), None)
+        run.gpu["gpus"][0]["runner_mib"] = None
+        self.assertIsNone(gp.vram_held(run))
+        again[0]["free_mib"] = None
+        self.assertIsNone(gp.vram_held(run, again, grew=True))
+        mig = dict(run.gpu["gpus"][0], parent="GPU-a", runner_mib=20480)
+        self.assertIsNone(gp.vram_held(run, [again[0], mig]))
+
+    def test_no_reread_of_the_gpu_in_the_deadlines_last_second(self):
+        """After a load with under 1 s left before the deadline the GPU is not
+        read again (a note): the re-read never cuts a ready verdict."""
+        run = self.run_of()
+        run.opts.gpu_timeout, run.notes, run.cut = 5.0, [], False
+        run.deadline_at = gp.time.monotonic() + 0.5
+        self.assertIsNone(gp.gpus_again(run))
+        self.assertIn("no time left to read the GPU again", run.notes[0])
+        self.assertFalse(run.cut)
+
+    def test_runners_are_named_by_their_comm(self):
+        """runner_mib counts the processes whose /proc/PID/comm is a runner's
+        (this test process is python: not one); a PID gone counts nothing."""
+        me = os.getpid()
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        self.assertEqual(gp.runner_mib([me, gone.pid], [1 << 30, 1 << 30]), 0)
+        link = os.path.join(tempfile.mkdtemp(), "llama-server")
+        os.symlink(shutil.which("sleep"), link)
+        runner = ollama_emu._named_process(os.path.dirname(link), "llama-server")
+        try:
+            self.assertEqual(gp.runner_mib([me, runner.pid], [1 << 30, 3 << 30]), 3072)
+        finally:
+            runner.kill()
+            runner.wait()
+            shutil.rmtree(os.path.dirname(link))
 
 
 class SanitiseTest(unittest.TestCase):
