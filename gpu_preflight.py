@@ -589,10 +589,8 @@ def check_service(run, client):
         for model in run.models:
             model["was_loaded"] = None if running is None or model["cloud"] else bool(
                 entries_of(model, running))
-            try:                # a bad value is judged after the warm-up (placement)
-                model["context_length"] = context_of(entries_of(model, running or ()))
-            except Fail:
-                pass
+            read_context(run, model, (entries_of(model, running or ()) or [{}])[0],
+                         "context_length", "GET /api/ps")
         if opts.warmup != "off":
             run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
     if opts.require or opts.warmup != "off":
@@ -1004,7 +1002,8 @@ def check_placement(run, running):
     for model in models:
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
-        model["context_length"] = context_of(entries)
+        read_context(run, model, entries[0] if entries else {}, "context_length",
+                     "GET /api/ps")
         if entries:
             model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
                                                  for key in ("size", "size_vram"))
@@ -1127,12 +1126,23 @@ def unloaded(run, gone, causes):
                        "was" if len(gone) == 1 else "were", causes))
 
 
-def context_of(entries):
-    """The context window of a loaded model's /api/ps entries (context_length,
-    Ollama 0.10.0 on), or None: not loaded, not reported, or 0 (no runner options)."""
-    if not entries:
-        return None
-    return whole_number(entries[0], "context_length", "GET /api/ps") or None
+def read_context(run, model, doc, key, what):
+    """model["context_length"]: doc[key] (Ollama /api/ps context_length from
+    0.10.0, vLLM max_model_len, llama-server n_ctx), None when absent or 0;
+    a value that is no count is None too, and a problem (check_context fails
+    on it only under --min-context)."""
+    value = doc.get(key)
+    model["context_length"], model["context_bad"] = None, None
+    if value is None or value == 0 and type(value) is int:
+        return
+    if type(value) is int and value > 0:
+        model["context_length"] = value
+        return
+    model["context_bad"] = "%s: %s of %s is %s, not a context window" % (
+        what, key, model["name"], sanitise(repr(value)[:40]) if isinstance(
+            value, (int, float, str)) else "a " + type(value).__name__)
+    if model["context_bad"] not in run.problems:
+        run.problems.append(model["context_bad"])
 
 
 def check_context(run):
@@ -1141,6 +1151,10 @@ def check_context(run):
     least = run.opts.min_context
     if not least:
         return
+    bad = [m["context_bad"] for m in run.models if m.get("context_bad")]
+    if bad:
+        raise Fail(EX_UNAVAILABLE, "%s: --min-context cannot be checked" % "; ".join(bad),
+                   "context")
     unknown = [m["name"] for m in run.models if m["context_length"] is None]
     if unknown:
         run.problems.append("context not checked: the server does not report the "
@@ -1278,15 +1292,14 @@ def openai_context(run, client):
     default_generation_settings.n_ctx, what one slot (one request) gets
     (llama.cpp tools/server README and get_props); a server without it says none."""
     for model in run.models:
-        model["context_length"] = whole_number(model["entry"], "max_model_len",
-                                               "GET /v1/models") or None
+        read_context(run, model, model["entry"], "max_model_len", "GET /v1/models")
     if not run.opts.min_context or len(run.models) != 1 or run.models[0]["context_length"]:
         return
     try:
         with run.step("props", optional=True) as budget:
             settings = client.json("GET", "/props", budget).get("default_generation_settings")
-            run.models[0]["context_length"] = whole_number(
-                settings if isinstance(settings, dict) else {}, "n_ctx", "GET /props") or None
+            read_context(run, run.models[0], settings if isinstance(settings, dict) else {},
+                         "n_ctx", "GET /props")
     except Fail:
         pass                        # vLLM, gateways: no /props, the context is not told
 

@@ -801,6 +801,21 @@ class OpenAIModelsTest(ModelsCase):
 
 
 
+class OddContextEmulator(Emulator):
+    """An Ollama whose /api/ps says context_length is odd (a proxy's or a
+    broken build's: Ollama's own is an int, api.ProcessModelResponse)."""
+
+    def __init__(self, odd, **kwargs):
+        self.odd = odd
+        Emulator.__init__(self, **kwargs)
+
+    def _ps_entries(self, mode):
+        entries = Emulator._ps_entries(self, mode)
+        for entry in entries:
+            entry["context_length"] = self.odd
+        return entries
+
+
 class ContextTest(ModelsCase):
     """--min-context N and the runner's context: the window each server reports
     (Ollama /api/ps context_length, vLLM max_model_len, llama-server /props n_ctx),
@@ -885,6 +900,39 @@ class ContextTest(ModelsCase):
         self.assertIn("warm-up reloaded qwen3:latest", fields["problem"])
         self.assertIn("num_ctx 2048 differs from the loaded runner's 32768", fields["problem"])
         self.assertEqual(fields["ctx"], "2048")
+
+    def odd_ollama(self, odd, **kwargs):
+        emu = OddContextEmulator(odd, models=[qwen()], loaded=("qwen3:latest",),
+                                 load_seconds=0.2, **kwargs).start()
+        self.addCleanup(emu.stop)
+        return emu
+
+    def test_an_odd_context_is_a_problem_and_fails_only_under_min_context(self):
+        """A context_length or max_model_len that is no count does not fail a run
+        without --min-context; under it the run fails (69) at stage context."""
+        for odd in ("8192", -1, 4096.0, True):
+            with self.subTest(odd=odd):
+                self.drain()
+                emu = self.odd_ollama(odd)
+                fields = self.verdict(self.check(emu.url), 0)
+                self.assertIn("context_length of qwen3:latest is %r, not a context window"
+                              % odd, fields["problem"])
+                self.drain()
+                fields = self.verdict(self.check(emu.url, "--min-context", "8192"), 69,
+                                      "not a context window", "--min-context cannot")
+                self.assertEqual(fields["stage"], "context")
+        for odd in ("32k", -1):
+            with self.subTest(odd=odd):
+                self.drain()
+                emu = self.openai("vllm", max_model_len=odd)
+                fields = self.verdict(self.check(emu.url, "--api", "openai", "--warmup",
+                                                 "off"), 0)
+                self.assertIn("max_model_len of", fields["problem"])
+                self.drain()
+                fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                                 "8192"), 69, "not a context window")
+                self.assertEqual(fields["stage"], "context")
+
 
 if __name__ == "__main__":
     import unittest
