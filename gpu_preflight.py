@@ -1126,16 +1126,21 @@ def unloaded(run, gone, causes):
                        "was" if len(gone) == 1 else "were", causes))
 
 
+#: The largest context window believed (2**24 tokens; Llama 4 Scout's is 10M):
+#: a larger one is a server's fault, never sent back as the warm-up's num_ctx.
+MAX_CONTEXT = 2 ** 24
+
+
 def read_context(run, model, doc, key, what):
     """model["context_length"]: doc[key] (Ollama /api/ps context_length from
     0.10.0, vLLM max_model_len, llama-server n_ctx), None when absent or 0;
-    a value that is no count is None too, and a problem (check_context fails
-    on it only under --min-context)."""
+    a value that is no count of 1 to MAX_CONTEXT is None too, and a problem
+    (check_context fails on it only under --min-context)."""
     value = doc.get(key)
     model["context_length"], model["context_bad"] = None, None
     if value is None or value == 0 and type(value) is int:
         return
-    if type(value) is int and value > 0:
+    if type(value) is int and 0 < value <= MAX_CONTEXT:
         model["context_length"] = value
         return
     model["context_bad"] = "%s: %s of %s is %s, not a context window" % (

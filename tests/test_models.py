@@ -934,6 +934,21 @@ class ContextTest(ModelsCase):
                 self.assertEqual(fields["stage"], "context")
 
 
+    def test_an_absurd_context_is_not_sent_back_as_num_ctx(self):
+        """/api/ps context_length 1e12 or 2**63-1 is no runner's: the warm-up
+        sends no num_ctx (the server's own default stands) and says why."""
+        for odd in (10 ** 12, 2 ** 63 - 1):
+            with self.subTest(odd=odd):
+                self.drain()
+                emu = self.odd_ollama(odd)
+                fields = self.verdict(self.check(emu.url, "--model", "qwen3"), 0)
+                self.assertEqual(emu.posts("/api/generate")[0].body["options"],
+                                 {"num_predict": 1})
+                self.assertEqual(emu.reloads, [])
+                self.assertIn("context_length of qwen3:latest is %d, not a context window"
+                              % odd, fields["problem"])
+
+
 if __name__ == "__main__":
     import unittest
     unittest.main()
