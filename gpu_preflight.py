@@ -593,7 +593,7 @@ def check_service(run, client):
                          "context_length", "GET /api/ps")
         if opts.warmup != "off":
             run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
-    if opts.require or opts.warmup != "off":
+    if opts.require or opts.warmup != "off" or opts.min_context:
         ollama_kinds(run, client)
         check_requirements(run)
     if opts.warmup == "off":
@@ -1151,20 +1151,22 @@ def read_context(run, model, doc, key, what):
 
 
 def check_context(run):
-    """--min-context N: Fail (78) for a model whose context window, as the
-    server reports it, is under N; a problem noted for one it does not report."""
+    """--min-context N: Fail (78) for a generative model whose context window,
+    as the server reports it, is under N (an embedding model's is the input
+    it embeds, not a chat's); a problem noted for one it does not report."""
     least = run.opts.min_context
     if not least:
         return
-    bad = [m["context_bad"] for m in run.models if m.get("context_bad")]
+    models = [m for m in run.models if m["kind"] != "embed"]
+    bad = [m["context_bad"] for m in models if m.get("context_bad")]
     if bad:
         raise Fail(EX_UNAVAILABLE, "%s: --min-context cannot be checked" % "; ".join(bad),
                    "context")
-    unknown = [m["name"] for m in run.models if m["context_length"] is None]
+    unknown = [m["name"] for m in models if m["context_length"] is None]
     if unknown:
         run.problems.append("context not checked: the server does not report the "
                             "context window of %s" % ", ".join(unknown))
-    short = [m for m in run.models if m["context_length"] is not None and
+    short = [m for m in models if m["context_length"] is not None and
              m["context_length"] < least]
     for model in short:
         model["reason"] = "context %d < %d" % (model["context_length"], least)

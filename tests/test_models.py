@@ -901,6 +901,24 @@ class ContextTest(ModelsCase):
         self.assertIn("num_ctx 2048 differs from the loaded runner's 32768", fields["problem"])
         self.assertEqual(fields["ctx"], "2048")
 
+    def test_min_context_judges_the_chat_model_not_its_embedding_model(self):
+        """An agent's chat + embed pair: nomic-embed-text runs at 2048 (its
+        training context), which says nothing of the chat's; with the warm-up
+        and without, loaded or not."""
+        emu = self.ollama(qwen(), nomic(), loaded=("qwen3:latest", "nomic-embed-text:latest"),
+                          context_length=8192)
+        for args in ((), ("--warmup", "off")):
+            with self.subTest(args=args):
+                self.drain()
+                fields = self.verdict(self.check(emu.url, "--model", "qwen3", "--model",
+                                                 "nomic-embed-text", "--min-context",
+                                                 "8192", *args), 0)
+                self.assertEqual((fields["ctx"], fields.get("problem")), ("8192", None))
+        self.drain()
+        self.verdict(self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
+                                "--min-context", "16384"), 78,
+                     "qwen3:latest runs with a 8192-token context")
+
     def odd_ollama(self, odd, **kwargs):
         emu = OddContextEmulator(odd, models=[qwen()], loaded=("qwen3:latest",),
                                  load_seconds=0.2, **kwargs).start()

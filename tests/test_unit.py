@@ -314,10 +314,11 @@ class ContextJudgeTest(unittest.TestCase):
                     self.assertIn("GET /props: n_ctx of m is ", model["context_bad"])
 
     def test_min_context_fails_under_n_and_notes_what_is_not_reported(self):
-        def judge(least, contexts, api="ollama"):
+        def judge(least, contexts, api="ollama", kinds=()):
             run = gp.argparse.Namespace(opts=gp.argparse.Namespace(min_context=least),
                                         api=api, problems=[], models=[
-                                            dict(name="m%d" % i, context_length=c, reason="")
+                                            dict(name="m%d" % i, context_length=c, reason="",
+                                                 kind=(list(kinds) + [None] * 9)[i])
                                             for i, c in enumerate(contexts)])
             try:
                 gp.check_context(run)
@@ -333,6 +334,8 @@ class ContextJudgeTest(unittest.TestCase):
         self.assertNotIn("m2", reason)
         self.assertIn("OLLAMA_CONTEXT_LENGTH=8192", reason)
         self.assertIn("--max-model-len 8192", judge(8192, [4096], "openai")[1])
+        self.assertEqual(judge(8192, [8192, 2048, None], kinds=("generate", "embed", "embed")),
+                         (0, "", []))
 
 
 class GpuParseTest(unittest.TestCase):
