@@ -358,14 +358,16 @@ class Run(object):
     @contextlib.contextmanager
     def step(self, name, timeout=None, optional=False, what=None, model=None):
         """Run a stage; its budget is min(timeout or --timeout, time left), a
-        warm-up's --load-timeout when /api/ps did not list its model.
+        warm-up's --load-timeout when /api/ps did not list its model or the
+        warm-up's num_ctx reloads it.
         what: the request, when not STAGE_WHAT's; model: the one it warms."""
         now = time.monotonic()
         left = self.deadline_at - now
         what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
         if left <= 0:
             raise Fail(EX_TEMPFAIL, self.deadline_text("before " + what), name)
-        loads = name == "warmup" and model is not None and model["was_loaded"] is False
+        loads = name == "warmup" and model is not None and (
+            model["was_loaded"] is False or bool(model.get("reload")))
         limit = timeout or (self.opts.load_timeout if loads else self.opts.timeout)
         stage = Stage(name, now, now + min(limit, left), optional, what, model, limit)
         budget = stage.ends_at - now
@@ -447,7 +449,7 @@ class Run(object):
 
     def make_room_for_loads(self, cold):
         """A default --deadline grows by --load-timeout for each of cold models
-        to load (a --deadline given stays the bound)."""
+        to load or reload (a --deadline given stays the bound)."""
         if self.opts.deadline_default:
             self.deadline_at = max(self.deadline_at, self.started + self.opts.deadline
                                    + cold * self.opts.load_timeout)
@@ -459,7 +461,8 @@ class Run(object):
 
     def timeout_reason(self, stage):
         """Why a stage ran out of time, its own bound or the deadline; for a
-        model that was not loaded, which bound its load missed and both fixes."""
+        model that was not loaded, or that the warm-up's num_ctx reloads, which
+        bound its load missed and the fixes."""
         cut = stage.ends_at - stage.started < stage.limit - 1e-3    # by the deadline
         if cut:
             text = self.deadline_text("during " + stage.what)
@@ -476,6 +479,11 @@ class Run(object):
                          stage.model["name"], "the deadline" if cut else
                          "--load-timeout %gs" % stage.limit,
                          "--deadline" if cut else "--load-timeout"))
+        elif stage.name == "warmup" and stage.model.get("reload"):
+            text += ("; reload: %s, so Ollama reloads %s and drops the load when the "
+                     "client gives up: send the job's num_ctx (--ollama-option) or "
+                     "allow a longer load (%s)" % (stage.model["reload"], stage.model[
+                         "name"], "--deadline" if cut else "--load-timeout"))
         return text
 
     @contextlib.contextmanager
@@ -591,8 +599,11 @@ def check_service(run, client):
                 entries_of(model, running))
             read_context(run, model, (entries_of(model, running or ()) or [{}])[0],
                          "context_length", "GET /api/ps")
+            model["reload"] = model["was_loaded"] and num_ctx_differs(
+                model["context_length"], runner_options(opts, model).get("num_ctx"))
         if opts.warmup != "off":
-            run.make_room_for_loads(sum(m["was_loaded"] is False for m in run.models))
+            run.make_room_for_loads(sum(m["was_loaded"] is False or bool(m["reload"])
+                                        for m in run.models))
     if opts.require or opts.warmup != "off" or opts.min_context:
         ollama_kinds(run, client)
         check_requirements(run)
@@ -866,14 +877,20 @@ def judge_load(run, model, load_ns, options):
 def reload_problem(name, seconds, loaded, sent):
     """Why a warm-up reloaded a loaded model: num_ctx where the numbers show it
     (the runner's context against the one sent), else the runner options."""
-    if loaded and sent is not None and sent != loaded:
-        differed = "num_ctx %s differs from the loaded runner's %d" % (sanitise(
-            repr(sent)[:20]), loaded)
-    else:
-        differed = ("its runner options (num_ctx, num_batch, num_gpu, ...) differ from "
-                    "the loaded runner's, or the runner had died")
+    differed = num_ctx_differs(loaded, sent) or (
+        "its runner options (num_ctx, num_batch, num_gpu, ...) differ from the "
+        "loaded runner's, or the runner had died")
     return ("warm-up reloaded %s (load_duration %.1fs): %s; give the job's own "
             "values with --ollama-option" % (name, seconds, differed))
+
+
+def num_ctx_differs(loaded, sent):
+    """Why Ollama reloads a runner loaded at context loaded for a request
+    that sends num_ctx sent (server/sched.go needsReload), or None."""
+    if loaded and sent is not None and sent != loaded:
+        return "num_ctx %s differs from the loaded runner's %d" % (sanitise(
+            repr(sent)[:20]), loaded)
+    return None
 
 
 def ollama_payload(opts, model, options, **fields):

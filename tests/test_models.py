@@ -919,6 +919,25 @@ class ContextTest(ModelsCase):
                                 "--min-context", "16384"), 78,
                      "qwen3:latest runs with a 8192-token context")
 
+    def test_a_warmup_whose_num_ctx_reloads_the_runner_is_bounded_as_a_load(self):
+        """The 78's own advice, --ollama-option num_ctx=8192 for a runner at
+        4096, makes Ollama reload it: the warm-up gets --load-timeout (not
+        --timeout, which threw the load away), the default deadline grows by
+        it, and a reload that misses it says why it was a load."""
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), load_seconds=4.0)
+        args = ["--host", emu.url, "--model", "qwen3", "--ollama-option", "num_ctx=8192"]
+        res = self.run_gp(args + ["--load-timeout", "30", "--json"])
+        self.assertEqual(json.loads(res.stdout)["deadline_s"], 40, res)
+        fields = self.verdict(res, 0, quiet=False, deadline=40)
+        self.assertEqual((len(emu.reloads), fields["ctx"]), (1, "8192"))
+        self.assertIn("num_ctx 8192 differs from the loaded runner's 4096", fields["problem"])
+        self.drain()
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), load_seconds=4.0)
+        args[1] = emu.url
+        self.verdict(self.run_gp(args + ["--load-timeout", "1"]), 75,
+                     "timed out after 1s", "reload: num_ctx 8192 differs from the loaded "
+                     "runner's 4096", "--load-timeout")
+
     def odd_ollama(self, odd, **kwargs):
         emu = OddContextEmulator(odd, models=[qwen()], loaded=("qwen3:latest",),
                                  load_seconds=0.2, **kwargs).start()
