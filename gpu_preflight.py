@@ -1179,7 +1179,12 @@ def check_context(run):
     if bad:
         raise Fail(EX_UNAVAILABLE, "%s: --min-context cannot be checked" % "; ".join(bad),
                    "context")
-    unknown = [m["name"] for m in models if m["context_length"] is None]
+    unknown = [m for m in models if m["context_length"] is None]
+    cold = [m["name"] for m in unknown if m["was_loaded"] is False and not m["resident"]]
+    if cold:                        # Ollama tells a runner's context, none before a load
+        run.problems.append("context not checked: %s not loaded, so no context is "
+                            "known yet" % ", ".join(cold))
+    unknown = [m["name"] for m in unknown if m["name"] not in cold]
     if unknown:
         run.problems.append("context not checked: the server does not report the "
                             "context window of %s" % ", ".join(unknown))

@@ -850,6 +850,15 @@ class ContextTest(ModelsCase):
         self.assertIn("context not checked", fields["problem"])
         self.assertNotIn("ctx", fields)
 
+    def test_a_model_not_loaded_under_warmup_off_is_said_not_loaded(self):
+        """--warmup off and a cold model: its context is unknown because no
+        runner has one yet, not because the server does not report it."""
+        emu = self.ollama(qwen())
+        fields = self.verdict(self.check(emu.url, "--min-context", "8192", "--warmup",
+                                         "off"), 0)
+        self.assertIn("context not checked: qwen3:latest not loaded", fields["problem"])
+        self.assertNotIn("does not report", fields["problem"])
+
     def test_vllm_max_model_len_is_the_context(self):
         emu = self.openai("vllm", max_model_len=8192)
         fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",

@@ -314,11 +314,13 @@ class ContextJudgeTest(unittest.TestCase):
                     self.assertIn("GET /props: n_ctx of m is ", model["context_bad"])
 
     def test_min_context_fails_under_n_and_notes_what_is_not_reported(self):
-        def judge(least, contexts, api="ollama", kinds=()):
+        def judge(least, contexts, api="ollama", kinds=(), loaded=()):
             run = gp.argparse.Namespace(opts=gp.argparse.Namespace(min_context=least),
                                         api=api, problems=[], models=[
                                             dict(name="m%d" % i, context_length=c, reason="",
-                                                 kind=(list(kinds) + [None] * 9)[i])
+                                                 kind=(list(kinds) + [None] * 9)[i],
+                                                 was_loaded=(list(loaded) + [None] * 9)[i],
+                                                 resident=None)
                                             for i, c in enumerate(contexts)])
             try:
                 gp.check_context(run)
@@ -336,6 +338,9 @@ class ContextJudgeTest(unittest.TestCase):
         self.assertIn("--max-model-len 8192", judge(8192, [4096], "openai")[1])
         self.assertEqual(judge(8192, [8192, 2048, None], kinds=("generate", "embed", "embed")),
                          (0, "", []))
+        self.assertEqual(judge(8192, [None, None], loaded=(False, True))[2], [
+            "context not checked: m0 not loaded, so no context is known yet",
+            "context not checked: the server does not report the context window of m1"])
 
 
 class GpuParseTest(unittest.TestCase):
