@@ -447,7 +447,7 @@ class Run(object):
 
     def make_room_for_loads(self, cold):
         """A default --deadline grows by --load-timeout for each of cold models
-        to load (a --deadline given stays the bound)."""
+        to load or reload (a --deadline given stays the bound)."""
         if self.opts.deadline_default:
             self.deadline_at = max(self.deadline_at, self.started + self.opts.deadline
                                    + cold * self.opts.load_timeout)
@@ -459,7 +459,8 @@ class Run(object):
 
     def timeout_reason(self, stage):
         """Why a stage ran out of time, its own bound or the deadline; for a
-        model that was not loaded, which bound its load missed and both fixes."""
+        model that was not loaded, or that the warm-up's num_ctx reloads, which
+        bound its load missed and the fixes."""
         cut = stage.ends_at - stage.started < stage.limit - 1e-3    # by the deadline
         if cut:
             text = self.deadline_text("during " + stage.what)
@@ -476,6 +477,11 @@ class Run(object):
                          stage.model["name"], "the deadline" if cut else
                          "--load-timeout %gs" % stage.limit,
                          "--deadline" if cut else "--load-timeout"))
+        elif stage.name == "warmup" and stage.model.get("reload"):
+            text += ("; reload: %s, so Ollama reloads %s and drops the load when the "
+                     "client gives up: send the job's num_ctx (--ollama-option) or "
+                     "allow a longer load (%s)" % (stage.model["reload"], stage.model[
+                         "name"], "--deadline" if cut else "--load-timeout"))
         return text
 
     @contextlib.contextmanager
@@ -589,13 +595,13 @@ def check_service(run, client):
         for model in run.models:
             model["was_loaded"] = None if running is None or model["cloud"] else bool(
                 entries_of(model, running))
-            try:                # a bad value is judged after the warm-up (placement)
-                model["context_length"] = context_of(entries_of(model, running or ()))
-            except Fail:
-                pass
+            read_context(run, model, (entries_of(model, running or ()) or [{}])[0],
+                         "context_length", "GET /api/ps")
+            model["reload"] = model["was_loaded"] and num_ctx_differs(
+                model["context_length"], runner_options(opts, model).get("num_ctx"))
         if opts.warmup != "off":
             run.make_room_for_loads(sum(may_load(m) for m in run.models))
-    if opts.require or opts.warmup != "off":
+    if opts.require or opts.warmup != "off" or opts.min_context:
         ollama_kinds(run, client)
         check_requirements(run)
     if opts.warmup == "off":
@@ -683,8 +689,9 @@ def is_cloud(name, entry):
 
 def may_load(model):
     """Whether a model's warm-up may take a load's time (--load-timeout): /api/ps
-    did not list it, or it runs on ollama.com, which may queue or cold-start it."""
-    return model["was_loaded"] is False or model["cloud"]
+    did not list it, its warm-up's num_ctx reloads it, or it runs on ollama.com,
+    which may queue or cold-start it."""
+    return model["was_loaded"] is False or bool(model.get("reload")) or model["cloud"]
 
 
 def judge_cloud(run):
@@ -874,14 +881,20 @@ def judge_load(run, model, load_ns, options):
 def reload_problem(name, seconds, loaded, sent):
     """Why a warm-up reloaded a loaded model: num_ctx where the numbers show it
     (the runner's context against the one sent), else the runner options."""
-    if loaded and sent is not None and sent != loaded:
-        differed = "num_ctx %s differs from the loaded runner's %d" % (sanitise(
-            repr(sent)[:20]), loaded)
-    else:
-        differed = ("its runner options (num_ctx, num_batch, num_gpu, ...) differ from "
-                    "the loaded runner's, or the runner had died")
+    differed = num_ctx_differs(loaded, sent) or (
+        "its runner options (num_ctx, num_batch, num_gpu, ...) differ from the "
+        "loaded runner's, or the runner had died")
     return ("warm-up reloaded %s (load_duration %.1fs): %s; give the job's own "
             "values with --ollama-option" % (name, seconds, differed))
+
+
+def num_ctx_differs(loaded, sent):
+    """Why Ollama reloads a runner loaded at context loaded for a request
+    that sends num_ctx sent (server/sched.go needsReload), or None."""
+    if loaded and sent is not None and sent != loaded:
+        return "num_ctx %s differs from the loaded runner's %d" % (sanitise(
+            repr(sent)[:20]), loaded)
+    return None
 
 
 def ollama_payload(opts, model, options, **fields):
@@ -1010,7 +1023,8 @@ def check_placement(run, running):
     for model in models:
         entries = entries_of(model, running)
         model["resident"] = bool(entries)
-        model["context_length"] = context_of(entries)
+        read_context(run, model, entries[0] if entries else {}, "context_length",
+                     "GET /api/ps")
         if entries:
             model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
                                                  for key in ("size", "size_vram"))
@@ -1149,25 +1163,52 @@ def unloaded(run, gone, causes):
                        "was" if len(gone) == 1 else "were", causes))
 
 
-def context_of(entries):
-    """The context window of a loaded model's /api/ps entries (context_length,
-    Ollama 0.10.0 on), or None: not loaded, not reported, or 0 (no runner options)."""
-    if not entries:
-        return None
-    return whole_number(entries[0], "context_length", "GET /api/ps") or None
+#: The largest context window believed (2**24 tokens; Llama 4 Scout's is 10M):
+#: a larger one is a server's fault, never sent back as the warm-up's num_ctx.
+MAX_CONTEXT = 2 ** 24
+
+
+def read_context(run, model, doc, key, what):
+    """model["context_length"]: doc[key] (Ollama /api/ps context_length from
+    0.10.0, vLLM max_model_len, llama-server n_ctx), None when absent or 0;
+    a value that is no count of 1 to MAX_CONTEXT is None too, and a problem
+    (check_context fails on it only under --min-context)."""
+    value = doc.get(key)
+    model["context_length"], model["context_bad"] = None, None
+    if value is None or value == 0 and type(value) is int:
+        return
+    if type(value) is int and 0 < value <= MAX_CONTEXT:
+        model["context_length"] = value
+        return
+    model["context_bad"] = "%s: %s of %s is %s, not a context window" % (
+        what, key, model["name"], sanitise(repr(value)[:40]) if isinstance(
+            value, (int, float, str)) else "a " + type(value).__name__)
+    if model["context_bad"] not in run.problems:
+        run.problems.append(model["context_bad"])
 
 
 def check_context(run):
-    """--min-context N: Fail (78) for a model whose context window, as the
-    server reports it, is under N; a problem noted for one it does not report."""
+    """--min-context N: Fail (78) for a generative model whose context window,
+    as the server reports it, is under N (an embedding model's is the input
+    it embeds, not a chat's); a problem noted for one it does not report."""
     least = run.opts.min_context
     if not least:
         return
-    unknown = [m["name"] for m in run.models if m["context_length"] is None]
+    models = [m for m in run.models if m["kind"] != "embed"]
+    bad = [m["context_bad"] for m in models if m.get("context_bad")]
+    if bad:
+        raise Fail(EX_UNAVAILABLE, "%s: --min-context cannot be checked" % "; ".join(bad),
+                   "context")
+    unknown = [m for m in models if m["context_length"] is None]
+    cold = [m["name"] for m in unknown if m["was_loaded"] is False and not m["resident"]]
+    if cold:                        # Ollama tells a runner's context, none before a load
+        run.problems.append("context not checked: %s not loaded, so no context is "
+                            "known yet" % ", ".join(cold))
+    unknown = [m["name"] for m in unknown if m["name"] not in cold]
     if unknown:
         run.problems.append("context not checked: the server does not report the "
                             "context window of %s" % ", ".join(unknown))
-    short = [m for m in run.models if m["context_length"] is not None and
+    short = [m for m in models if m["context_length"] is not None and
              m["context_length"] < least]
     for model in short:
         model["reason"] = "context %d < %d" % (model["context_length"], least)
@@ -1300,15 +1341,14 @@ def openai_context(run, client):
     default_generation_settings.n_ctx, what one slot (one request) gets
     (llama.cpp tools/server README and get_props); a server without it says none."""
     for model in run.models:
-        model["context_length"] = whole_number(model["entry"], "max_model_len",
-                                               "GET /v1/models") or None
+        read_context(run, model, model["entry"], "max_model_len", "GET /v1/models")
     if not run.opts.min_context or len(run.models) != 1 or run.models[0]["context_length"]:
         return
     try:
         with run.step("props", optional=True) as budget:
             settings = client.json("GET", "/props", budget).get("default_generation_settings")
-            run.models[0]["context_length"] = whole_number(
-                settings if isinstance(settings, dict) else {}, "n_ctx", "GET /props") or None
+            read_context(run, run.models[0], settings if isinstance(settings, dict) else {},
+                         "n_ctx", "GET /props")
     except Fail:
         pass                        # vLLM, gateways: no /props, the context is not told
 

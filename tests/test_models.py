@@ -819,6 +819,21 @@ class OpenAIModelsTest(ModelsCase):
 
 
 
+class OddContextEmulator(Emulator):
+    """An Ollama whose /api/ps says context_length is odd (a proxy's or a
+    broken build's: Ollama's own is an int, api.ProcessModelResponse)."""
+
+    def __init__(self, odd, **kwargs):
+        self.odd = odd
+        Emulator.__init__(self, **kwargs)
+
+    def _ps_entries(self, mode):
+        entries = Emulator._ps_entries(self, mode)
+        for entry in entries:
+            entry["context_length"] = self.odd
+        return entries
+
+
 class ContextTest(ModelsCase):
     """--min-context N and the runner's context: the window each server reports
     (Ollama /api/ps context_length, vLLM max_model_len, llama-server /props n_ctx),
@@ -852,6 +867,15 @@ class ContextTest(ModelsCase):
         fields = self.verdict(self.check(emu.url, "--min-context", "32768"), 0)
         self.assertIn("context not checked", fields["problem"])
         self.assertNotIn("ctx", fields)
+
+    def test_a_model_not_loaded_under_warmup_off_is_said_not_loaded(self):
+        """--warmup off and a cold model: its context is unknown because no
+        runner has one yet, not because the server does not report it."""
+        emu = self.ollama(qwen())
+        fields = self.verdict(self.check(emu.url, "--min-context", "8192", "--warmup",
+                                         "off"), 0)
+        self.assertIn("context not checked: qwen3:latest not loaded", fields["problem"])
+        self.assertNotIn("does not report", fields["problem"])
 
     def test_vllm_max_model_len_is_the_context(self):
         emu = self.openai("vllm", max_model_len=8192)
@@ -903,6 +927,91 @@ class ContextTest(ModelsCase):
         self.assertIn("warm-up reloaded qwen3:latest", fields["problem"])
         self.assertIn("num_ctx 2048 differs from the loaded runner's 32768", fields["problem"])
         self.assertEqual(fields["ctx"], "2048")
+
+    def test_min_context_judges_the_chat_model_not_its_embedding_model(self):
+        """An agent's chat + embed pair: nomic-embed-text runs at 2048 (its
+        training context), which says nothing of the chat's; with the warm-up
+        and without, loaded or not."""
+        emu = self.ollama(qwen(), nomic(), loaded=("qwen3:latest", "nomic-embed-text:latest"),
+                          context_length=8192)
+        for args in ((), ("--warmup", "off")):
+            with self.subTest(args=args):
+                self.drain()
+                fields = self.verdict(self.check(emu.url, "--model", "qwen3", "--model",
+                                                 "nomic-embed-text", "--min-context",
+                                                 "8192", *args), 0)
+                self.assertEqual((fields["ctx"], fields.get("problem")), ("8192", None))
+        self.drain()
+        self.verdict(self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text",
+                                "--min-context", "16384"), 78,
+                     "qwen3:latest runs with a 8192-token context")
+
+    def test_a_warmup_whose_num_ctx_reloads_the_runner_is_bounded_as_a_load(self):
+        """The 78's own advice, --ollama-option num_ctx=8192 for a runner at
+        4096, makes Ollama reload it: the warm-up gets --load-timeout (not
+        --timeout, which threw the load away), the default deadline grows by
+        it, and a reload that misses it says why it was a load."""
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), load_seconds=4.0)
+        args = ["--host", emu.url, "--model", "qwen3", "--ollama-option", "num_ctx=8192"]
+        res = self.run_gp(args + ["--load-timeout", "30", "--json"])
+        self.assertEqual(json.loads(res.stdout)["deadline_s"], 40, res)
+        fields = self.verdict(res, 0, quiet=False, deadline=40)
+        self.assertEqual((len(emu.reloads), fields["ctx"]), (1, "8192"))
+        self.assertIn("num_ctx 8192 differs from the loaded runner's 4096", fields["problem"])
+        self.drain()
+        emu = self.ollama(qwen(), loaded=("qwen3:latest",), load_seconds=4.0)
+        args[1] = emu.url
+        self.verdict(self.run_gp(args + ["--load-timeout", "1"]), 75,
+                     "timed out after 1s", "reload: num_ctx 8192 differs from the loaded "
+                     "runner's 4096", "--load-timeout")
+
+    def odd_ollama(self, odd, **kwargs):
+        emu = OddContextEmulator(odd, models=[qwen()], loaded=("qwen3:latest",),
+                                 load_seconds=0.2, **kwargs).start()
+        self.addCleanup(emu.stop)
+        return emu
+
+    def test_an_odd_context_is_a_problem_and_fails_only_under_min_context(self):
+        """A context_length or max_model_len that is no count does not fail a run
+        without --min-context; under it the run fails (69) at stage context."""
+        for odd in ("8192", -1, 4096.0, True):
+            with self.subTest(odd=odd):
+                self.drain()
+                emu = self.odd_ollama(odd)
+                fields = self.verdict(self.check(emu.url), 0)
+                self.assertIn("context_length of qwen3:latest is %r, not a context window"
+                              % odd, fields["problem"])
+                self.drain()
+                fields = self.verdict(self.check(emu.url, "--min-context", "8192"), 69,
+                                      "not a context window", "--min-context cannot")
+                self.assertEqual(fields["stage"], "context")
+        for odd in ("32k", -1):
+            with self.subTest(odd=odd):
+                self.drain()
+                emu = self.openai("vllm", max_model_len=odd)
+                fields = self.verdict(self.check(emu.url, "--api", "openai", "--warmup",
+                                                 "off"), 0)
+                self.assertIn("max_model_len of", fields["problem"])
+                self.drain()
+                fields = self.verdict(self.check(emu.url, "--api", "openai", "--min-context",
+                                                 "8192"), 69, "not a context window")
+                self.assertEqual(fields["stage"], "context")
+
+
+    def test_an_absurd_context_is_not_sent_back_as_num_ctx(self):
+        """/api/ps context_length 1e12 or 2**63-1 is no runner's: the warm-up
+        sends no num_ctx (the server's own default stands) and says why."""
+        for odd in (10 ** 12, 2 ** 63 - 1):
+            with self.subTest(odd=odd):
+                self.drain()
+                emu = self.odd_ollama(odd)
+                fields = self.verdict(self.check(emu.url, "--model", "qwen3"), 0)
+                self.assertEqual(emu.posts("/api/generate")[0].body["options"],
+                                 {"num_predict": 1})
+                self.assertEqual(emu.reloads, [])
+                self.assertIn("context_length of qwen3:latest is %d, not a context window"
+                              % odd, fields["problem"])
+
 
 if __name__ == "__main__":
     import unittest

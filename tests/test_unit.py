@@ -315,11 +315,28 @@ class ContextJudgeTest(unittest.TestCase):
                                                    "context_length": ctx})
                 self.assertEqual((options.get("num_ctx"), options["num_gpu"]), (sent, 99))
 
+    def test_read_context_takes_a_count_up_to_the_bound_and_notes_the_rest(self):
+        for value, ctx, noted in ((None, None, False), (0, None, False), (8192, 8192, False),
+                                  (2 ** 24, 2 ** 24, False), (2 ** 24 + 1, None, True),
+                                  (2 ** 63 - 1, None, True), (-1, None, True),
+                                  ("8192", None, True), (4096.0, None, True),
+                                  (True, None, True), ([8192], None, True)):
+            with self.subTest(value=value):
+                run, model = gp.argparse.Namespace(problems=[]), {"name": "m"}
+                gp.read_context(run, model, {"n_ctx": value}, "n_ctx", "GET /props")
+                self.assertEqual(model["context_length"], ctx)
+                self.assertEqual(run.problems, [model["context_bad"]] if noted else [])
+                if noted:
+                    self.assertIn("GET /props: n_ctx of m is ", model["context_bad"])
+
     def test_min_context_fails_under_n_and_notes_what_is_not_reported(self):
-        def judge(least, contexts, api="ollama"):
+        def judge(least, contexts, api="ollama", kinds=(), loaded=()):
             run = gp.argparse.Namespace(opts=gp.argparse.Namespace(min_context=least),
                                         api=api, problems=[], models=[
-                                            dict(name="m%d" % i, context_length=c, reason="")
+                                            dict(name="m%d" % i, context_length=c, reason="",
+                                                 kind=(list(kinds) + [None] * 9)[i],
+                                                 was_loaded=(list(loaded) + [None] * 9)[i],
+                                                 resident=None)
                                             for i, c in enumerate(contexts)])
             try:
                 gp.check_context(run)
@@ -335,6 +352,11 @@ class ContextJudgeTest(unittest.TestCase):
         self.assertNotIn("m2", reason)
         self.assertIn("OLLAMA_CONTEXT_LENGTH=8192", reason)
         self.assertIn("--max-model-len 8192", judge(8192, [4096], "openai")[1])
+        self.assertEqual(judge(8192, [8192, 2048, None], kinds=("generate", "embed", "embed")),
+                         (0, "", []))
+        self.assertEqual(judge(8192, [None, None], loaded=(False, True))[2], [
+            "context not checked: m0 not loaded, so no context is known yet",
+            "context not checked: the server does not report the context window of m1"])
 
 
 class GpuParseTest(unittest.TestCase):
