@@ -430,6 +430,11 @@ class Run(object):
             self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
             self.wake.set()
 
+    def escalate(self, reason):
+        """--escalate-after: a 75 seen too many runs in a row is 69."""
+        with self._lock:
+            self.code, self.reason = EX_UNAVAILABLE, reason
+
     def crashed(self, exc):
         """The verdict of a bug (70): one line, the traceback kept for --debug."""
         self.trace = _traceback()
@@ -2434,6 +2439,7 @@ def keep_state(run, shared):
         before = shared.previous
         if run.code == EX_OK and before.get("skips") and not run.reused:
             run.notes.append("recovered after %d skips" % before["skips"])
+        shared.escalate(run)
         run.unchanged = bool(opts.log_changes_only) and shared.unchanged(run)
         try:
             skips = shared.save(run)
@@ -2469,12 +2475,14 @@ class Shared(object):
         self.errors = os.path.join(directory, "errors.json")    # of any check
         self.previous = read_state(self.base + ".json")
         self.flight = None          # descriptor holding the flight lock
+        self.streak = self.previous.get("streak")
 
     @classmethod
     def open(cls, run):
         """The state of run's check when an option needs it, else None (a problem noted)."""
         opts = run.opts
-        if not (opts.share_result or opts.metrics_file or opts.log_changes_only):
+        if not (opts.share_result or opts.metrics_file or opts.log_changes_only
+                or opts.escalate_after):
             return None
         try:
             return cls(opts, os.environ)
@@ -2529,13 +2537,19 @@ class Shared(object):
         return (before.get("logged") == run.code
                 and error.get("time", 0) <= before.get("logged_at", 0))
 
+    def escalate(self, run):
+        """Count this run's 75 into the streak; --escalate-after N: 69 at N."""
+        if not checked(run):
+            return                  # a lock held, a verdict reused: no news
+        self.streak = next_streak(self.streak, run.code, run.stage, time.time())
+        if self.streak and self.streak[2] >= (self.opts.escalate_after or 1e9):
+            run.escalate(escalated_reason(self.streak, run.reason))
+
     def save(self, run):
         """Record this run, release the flight lock; returns the skip count."""
         state = dict(self.previous)
-        checked = run.reused is None and run.stage not in NOT_A_CHECK \
-            and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
-        if checked:
-            state.update(time=time.time(), code=run.code, stage=run.stage, cut=run.cut,
+        if checked(run):
+            state.update(streak=self.streak, time=time.time(), code=run.code, stage=run.stage, cut=run.cut,
                          reason=redact(run.reason), model=redact(run.model or ""),
                          pid=os.getpid(),
                          skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
@@ -2556,6 +2570,28 @@ class Shared(object):
                 os.close(self.flight)
                 self.flight = None
         return state.get("skips", 0)
+
+
+def checked(run):
+    """Whether run's verdict is its own check's: recorded, and counted as a skip."""
+    return run.reused is None and run.stage not in NOT_A_CHECK \
+        and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
+
+
+def next_streak(streak, code, stage, now):
+    """The 75s in a row from one stage after a verdict: [stage, since, runs], or
+    None. Any other verdict of a check (0, 69, 78) ends it; a 75 from another
+    stage starts a new one."""
+    if code != EX_TEMPFAIL:
+        return None
+    if streak and streak[0] == stage:
+        return [stage, streak[1], streak[2] + 1]
+    return [stage, now, 1]
+
+
+def escalated_reason(streak, reason):
+    return "75 for %d runs in a row since %s: treated as unavailable: %s" % (
+        streak[2], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(streak[1])), reason)
 
 
 def state_dir(opts, environ):
@@ -2613,6 +2649,12 @@ def read_state(path):
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict):
+        return {}
+    streak = doc.get("streak")
+    if streak is not None and not (
+            isinstance(streak, list) and len(streak) == 3 and isinstance(streak[0], str)
+            and all(isinstance(n, (int, float)) and not isinstance(n, bool)
+                    and 0 <= n < 1e12 for n in streak[1:])):
         return {}
     for key, kinds in (("time", (int, float)), ("code", int), ("skips", int),
                        ("logged", int), ("logged_at", (int, float))):
@@ -2969,6 +3011,12 @@ def parse_count(text, most=10 ** 9):
     return int(text)
 
 
+def parse_runs(text):
+    if not is_digits(text.strip()) or not 1 <= int(text) <= 10 ** 6:
+        raise ValueError("%r: expected a whole number from 1 to 1000000" % text)
+    return int(text)
+
+
 def parse_choice(*choices):
     def parse(text):
         if text not in choices:
@@ -3320,6 +3368,9 @@ OPTIONS = (
          "write Prometheus metrics there for node_exporter's textfile collector"),
         ("log-changes-only", None, HOW, "flag", False, None,
          "log only when the verdict changes (for every-minute schedules)"),
+        ("escalate-after", None, HOW, parse_runs, None, "N",
+         "exit 69 instead of 75 once the same stage has answered 75 for N "
+         "runs in a row (a fault that never heals)"),
     )),
     ("output and logging", (
         ("json", None, HOW, "flag", False, None,

@@ -489,6 +489,39 @@ class LogChangesOnlyTest(JobCase):
         self.assertIn("recovered after 2 skips", self.log()[1]["reason"])
 
 
+class EscalateAfterTest(JobCase):
+    def test_75s_of_one_stage_become_69_and_only_real_verdicts_count(self):
+        import fcntl
+        emu = self.emulator(mode="hang")
+        lock = self.path("gpu.lock")
+        args = ["--host", emu.url, "--timeout", "1", "--state-dir", self.state,
+                "--lock", lock, "--escalate-after", "3"]
+
+        def verdict(mode, code):
+            emu.mode = mode
+            res = self.run_gp(args)
+            self.assertEqual(res.code, code, res)
+            return self.log()[1]
+
+        self.assertEqual(verdict("hang", 75)["stage"], "tags")
+        verdict("hang", 75)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)          # another job holds the lock
+        self.assertIn("locked by another job", verdict("hang", 75)["reason"])
+        os.close(fd)
+        line = verdict("hang", 69)
+        self.assertEqual(line["stage"], "tags")
+        self.assertRegex(line["reason"], r"^75 for 3 runs in a row since "
+                         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ: treated as unavailable: ")
+        self.assertIn("4 runs in a row", verdict("hang", 69)["reason"])
+        verdict("healthy", 0)                   # ready: the streak ends
+        verdict("hang", 75)
+        verdict("hang", 75)
+        self.assertEqual(verdict("busy", 75)["stage"], "warmup")   # a new streak
+        verdict("busy", 75)
+        self.assertIn("75 for 3 runs", verdict("busy", 69)["reason"])
+
+
 class LogChangesAfterConfigErrorTest(JobCase):
     def test_the_first_good_run_after_a_config_error_is_logged(self):
         emu = self.emulator()

@@ -736,6 +736,46 @@ def quietly(function, *args):
         sys.stdout, sys.stderr = saved
 
 
+class StreakTest(unittest.TestCase):
+    """--escalate-after: the 75s in a row from one stage, as [stage, since, runs]."""
+
+    def test_streak_table(self):
+        tagged = ["tags", 100.0, 2]
+        for streak, code, stage, want in (
+                (None, 75, "tags", ["tags", 500.0, 1]),        # the first 75
+                (tagged, 75, "tags", ["tags", 100.0, 3]),      # since its first run
+                (tagged, 75, "warmup", ["warmup", 500.0, 1]),  # another stage: anew
+                (tagged, 0, "warmup", None),                   # ready: ended
+                (tagged, 69, "tags", None),                    # already unavailable
+                (tagged, 78, "tags", None)):                   # a configuration
+            self.assertEqual(gp.next_streak(streak, code, stage, 500.0), want)
+
+    def test_reason_names_the_runs_the_first_runs_time_and_the_75(self):
+        self.assertEqual(gp.escalated_reason(["tags", 0, 3], "GET /api/tags timed out"),
+                         "75 for 3 runs in a row since 1970-01-01T00:00:00Z: treated "
+                         "as unavailable: GET /api/tags timed out")
+
+    def test_runs_must_be_at_least_one(self):
+        self.assertEqual(gp.parse_runs("3"), 3)
+        for bad in ("0", "-1", "x", "", "1.5", "1000001"):
+            with self.assertRaises(ValueError):
+                gp.parse_runs(bad)
+
+    def test_a_state_with_a_malformed_streak_is_not_trusted(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, tmp)
+        path = os.path.join(tmp, "s.json")
+        for text, good in (('{"streak": ["tags", 1, 2]}', True),
+                           ('{"streak": null}', True), ('{"streak": "tags"}', False),
+                           ('{"streak": ["tags", 1]}', False),
+                           ('{"streak": [1, 1, 2]}', False),
+                           ('{"streak": ["tags", true, 2]}', False),
+                           ('{"streak": ["tags", 1, -2]}', False)):
+            with open(path, "w") as handle:
+                handle.write(text)
+            self.assertEqual(gp.read_state(path) != {}, good, text)
+
+
 class StateKeyTest(unittest.TestCase):
     """--share-result: callers share a verdict only when every option that
     defines the check is the same (issue 9.3). The roles come from the one
@@ -754,7 +794,8 @@ class StateKeyTest(unittest.TestCase):
         "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
         "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
         "wait": "30", "jitter": "5", "share-result": "120", "state-dir": "/tmp/s",
-        "metrics-file": "/tmp/m.prom", "log-changes-only": None, "json": None,
+        "metrics-file": "/tmp/m.prom", "log-changes-only": None, "escalate-after": "3",
+        "json": None,
         "verbose": None, "quiet": None, "syslog-facility": "daemon",
         "syslog-address": "127.0.0.1:514", "no-syslog": None, "debug": None,
     }
