@@ -3368,7 +3368,7 @@ OPTIONS = (
          "write Prometheus metrics there for node_exporter's textfile collector"),
         ("log-changes-only", None, HOW, "flag", False, None,
          "log only when the verdict changes (for every-minute schedules)"),
-        ("escalate-after", None, HOW, parse_runs, None, "N",
+        ("escalate-after", None, CHECK, parse_runs, None, "N",
          "exit 69 instead of 75 once the same stage has answered 75 for N "
          "runs in a row (a fault that never heals)"),
     )),
