@@ -16,6 +16,8 @@ the configured path links to (one build per mode, FAKE_NVML_DEFAULT_MODE).
   - a node an admin drained ("maintenance") stays drained through healthy checks;
   - a bug (exit 70, planted in the installed copy) leaves the node in service
     and its line in slurmd's log;
+  - a bad config value (exit 78) leaves the node in service, and drains it
+    once the script says DRAIN_ON_78=yes;
   - every check's wall time under slurmd (its RPC to the script's end, from
     slurmd's own log) is well inside HealthCheckProgram's 60 s limit.
 The node's name differs from the host name (slurmd -N), as on clusters whose
@@ -296,6 +298,45 @@ class HealthCheckTest(SlurmCase):
                       "as it is\n" % self.cluster.NODE, log[-4000:])
         job_id, marker = self.submit("bug")
         self.wait_ran(job_id, marker)
+
+    def replace_etc(self, path, text, mode):
+        """Replace /etc/PATH in the cluster's namespace (a rename: whole files
+        only); returns the old text."""
+        full = "/proc/%d/root/etc/%s" % (self.cluster.namespace.holder.pid, path)
+        with open(full) as handle:
+            old = handle.read()
+        daemons.write_file(full + ".new", text, mode)
+        os.replace(full + ".new", full)
+        return old
+
+    def test_7_a_config_error_78_drains_only_by_the_admins_choice(self):
+        # an Ollama without models (78, "pull one"), the site's file otherwise
+        # as it was (its syslog address too: a file that does not parse would
+        # send the line to /dev/log)
+        empty = Emulator(mode="healthy", models=()).start()
+        self.addCleanup(empty.stop)
+        with open("/proc/%d/root/etc/gpu_preflight.conf" % self.cluster.namespace.holder.pid) \
+                as handle:
+            conf = handle.read()
+        self.assertEqual(conf.count("\nhost = %s\n" % self.emu.url), 1)
+        self.replace_etc("gpu_preflight.conf", conf.replace(
+            "\nhost = %s\n" % self.emu.url, "\nhost = %s\n" % empty.url), 0o644)
+        self.addCleanup(self.replace_etc, "gpu_preflight.conf", conf, 0o644)
+        since = len(self.verdicts())
+        failed = self.wait_verdicts(since, 78, 3, 6 * HEALTH_INTERVAL + 10)
+        self.assertIn("no models", failed[-1]["reason"])
+        self.assert_in_service()
+        self.assertIn("gpu_preflight exit 78: %s left as it is" % self.cluster.NODE,
+                      self.cluster.log("slurmd.log")[-4000:])
+
+        path, script = readme_health_check()
+        self.assertEqual(script.count("\nDRAIN_ON_78=no "), 1)
+        old = self.replace_etc(path[len("/etc/"):], script.replace(
+            "\nDRAIN_ON_78=no ", "\nDRAIN_ON_78=yes "), 0o755)
+        self.addCleanup(self.replace_etc, path[len("/etc/"):], old, 0o755)
+        state = self.wait_state("the node drained for 78", ("drained", "draining"),
+                                4 * HEALTH_INTERVAL + 10)
+        self.assertEqual(state[1][:41], "gpu_preflight: the server has no models: ")
 
     def test_4_every_check_ends_well_inside_the_60s_limit(self):
         runs = self.cluster.health_check_runs()
