@@ -10,10 +10,14 @@ only way a site configures it. The GPU scenario is which fake libnvidia-ml.so.1
 the configured path links to (one build per mode, FAKE_NVML_DEFAULT_MODE).
   - healthy GPU: the node stays in service; srun and sbatch jobs run;
   - a GPU threshold not met (exit 75): the node stays in service; jobs run;
-  - driver not loaded (exit 69): the node is drained, reason "gpu_preflight
-    exit 69, see syslog"; a job submitted then stays pending, a later healthy
-    check leaves the node drained, and after `scontrol update State=RESUME`
-    the job runs;
+  - driver not loaded (exit 69): the node is drained, reason "gpu_preflight: "
+    and the tool's reason cut; a job submitted then stays pending, and the next
+    healthy check resumes the node and the job runs;
+  - a node an admin drained ("maintenance") stays drained through healthy checks;
+  - a bug (exit 70, planted in the installed copy) leaves the node in service
+    and its line in slurmd's log;
+  - a bad config value (exit 78) leaves the node in service, and drains it
+    once the script says DRAIN_ON_78=yes;
   - every check's wall time under slurmd (its RPC to the script's end, from
     slurmd's own log) is well inside HealthCheckProgram's 60 s limit.
 The node's name differs from the host name (slurmd -N), as on clusters whose
@@ -227,19 +231,25 @@ class HealthCheckTest(SlurmCase):
         self.wait_ran(job_id, marker)
         self.assert_in_service()
 
-    def test_3_driver_not_loaded_drains_the_node_and_holds_jobs(self):
+    def wait_state(self, what, states, timeout=15):
+        """The node's (state, reason) once its state is one of states."""
+        return daemons.wait_for(what, lambda: (
+            lambda s: s if s[0] in states else None)(self.cluster.state()), timeout)
+
+    def test_3_driver_not_loaded_drains_the_node_and_ready_resumes_it(self):
         since = len(self.verdicts())
         self.set_gpu("nodriver")
         failed = self.wait_verdicts(since, 69, 1, 6 * HEALTH_INTERVAL + 10)
         self.assertEqual(failed[0]["stage"], "gpu")
         self.assertIn("driver not loaded", failed[0]["reason"].lower())
-        state = daemons.wait_for("the node drained", lambda: (
-            lambda s: s if s[0] in ("drained", "draining") else None)(
-                self.cluster.state()), 15)
-        self.assertEqual(state[1], "gpu_preflight exit 69, see syslog")
+        state = self.wait_state("the node drained", ("drained", "draining"))
+        # the tool's reason, its first 60 characters (all of them safe here)
+        self.assertEqual(state[1], "gpu_preflight: " + failed[0]["reason"][:60])
         shown = self.cluster.run(["scontrol", "show", "node", self.cluster.NODE])
         self.assertRegex(shown, r"State=IDLE\+DRAIN ")
-        self.assertIn("Reason=gpu_preflight exit 69, see syslog [root@", shown)
+        self.assertIn("Reason=gpu_preflight: NVIDIA driver not loaded", shown)
+        self.assertIn("health_check failed: rc:69 output:gpu_preflight exit 69: drained "
+                      + self.cluster.NODE, self.cluster.log("slurmd.log"))
 
         job_id, marker = self.submit("drained")
         ends_at = time.monotonic() + 2 * HEALTH_INTERVAL + 4   # scheduler passes
@@ -249,20 +259,90 @@ class HealthCheckTest(SlurmCase):
             self.assertFalse(os.path.exists(marker), "a job ran on a drained node")
             time.sleep(0.5)
 
-        # The script never undrains: a healthy check leaves the node drained.
-        since = len(self.verdicts())
+        # The script resumes a node it drained itself at the next ready check.
         self.set_gpu("free")
-        self.wait_verdicts(since, 0, 2, 4 * HEALTH_INTERVAL + 10)
-        self.assertEqual(self.cluster.state(), (state[0], "gpu_preflight exit 69, see syslog"))
-        self.assertFalse(os.path.exists(marker))
-        self.cluster.resume()
+        self.wait_state("the node resumed by a ready check", ("idle", "mixed", "allocated"),
+                        4 * HEALTH_INTERVAL + 10)
         self.wait_ran(job_id, marker)
+
+    def test_5_a_node_an_admin_drained_stays_drained_after_ready(self):
+        self.addCleanup(self.cluster.resume)
+        self.cluster.run(["scontrol", "update", "NodeName=%s" % self.cluster.NODE,
+                          "State=DRAIN", "Reason=maintenance"])
+        since = len(self.verdicts())
+        self.wait_verdicts(since, 0, 3, 6 * HEALTH_INTERVAL + 10)
+        self.assertEqual(self.cluster.state(), ("drained", "maintenance"))
+
+    def test_6_a_bug_70_leaves_the_node_in_service(self):
+        # A real 70 comes only from a bug: plant one in the installed copy, as
+        # test_contract.InternalErrorTest does in-process (check_service raises).
+        installed = os.path.join(self.work, "usr-local", "bin", "gpu_preflight")
+        with open(support.SCRIPT) as handle:
+            text = handle.read()
+        tail = '\nif __name__ == "__main__":'
+        self.assertEqual(text.count(tail), 1)
+        buggy = text.replace(tail, "\ndef check_service(run, client):\n"
+                             "    raise KeyError('planted')\n\n" + tail)
+        with open(installed + ".new", "w") as handle:
+            handle.write(buggy)
+        os.chmod(installed + ".new", 0o755)
+        os.replace(installed + ".new", installed)
+        self.addCleanup(shutil.copyfile, support.SCRIPT, installed)
+        since = len(self.verdicts())
+        bugs = self.wait_verdicts(since, 70, 3, 6 * HEALTH_INTERVAL + 10)
+        self.assertIn("internal error: KeyError", bugs[-1]["reason"])
+        self.assert_in_service()
+        log = self.cluster.log("slurmd.log")
+        self.assertIn("error: health_check failed: rc:70 output:gpu_preflight: skip (70): "
+                      "internal error: KeyError: 'planted'\ngpu_preflight exit 70: %s left "
+                      "as it is\n" % self.cluster.NODE, log[-4000:])
+        job_id, marker = self.submit("bug")
+        self.wait_ran(job_id, marker)
+
+    def replace_etc(self, path, text, mode):
+        """Replace /etc/PATH in the cluster's namespace (a rename: whole files
+        only); returns the old text."""
+        full = "/proc/%d/root/etc/%s" % (self.cluster.namespace.holder.pid, path)
+        with open(full) as handle:
+            old = handle.read()
+        daemons.write_file(full + ".new", text, mode)
+        os.replace(full + ".new", full)
+        return old
+
+    def test_7_a_config_error_78_drains_only_by_the_admins_choice(self):
+        # an Ollama without models (78, "pull one"), the site's file otherwise
+        # as it was (its syslog address too: a file that does not parse would
+        # send the line to /dev/log)
+        empty = Emulator(mode="healthy", models=()).start()
+        self.addCleanup(empty.stop)
+        with open("/proc/%d/root/etc/gpu_preflight.conf" % self.cluster.namespace.holder.pid) \
+                as handle:
+            conf = handle.read()
+        self.assertEqual(conf.count("\nhost = %s\n" % self.emu.url), 1)
+        self.replace_etc("gpu_preflight.conf", conf.replace(
+            "\nhost = %s\n" % self.emu.url, "\nhost = %s\n" % empty.url), 0o644)
+        self.addCleanup(self.replace_etc, "gpu_preflight.conf", conf, 0o644)
+        since = len(self.verdicts())
+        failed = self.wait_verdicts(since, 78, 3, 6 * HEALTH_INTERVAL + 10)
+        self.assertIn("no models", failed[-1]["reason"])
+        self.assert_in_service()
+        self.assertIn("gpu_preflight exit 78: %s left as it is" % self.cluster.NODE,
+                      self.cluster.log("slurmd.log")[-4000:])
+
+        path, script = readme_health_check()
+        self.assertEqual(script.count("\nDRAIN_ON_78=no "), 1)
+        old = self.replace_etc(path[len("/etc/"):], script.replace(
+            "\nDRAIN_ON_78=no ", "\nDRAIN_ON_78=yes "), 0o755)
+        self.addCleanup(self.replace_etc, path[len("/etc/"):], old, 0o755)
+        state = self.wait_state("the node drained for 78", ("drained", "draining"),
+                                4 * HEALTH_INTERVAL + 10)
+        self.assertEqual(state[1][:41], "gpu_preflight: the server has no models: ")
 
     def test_4_every_check_ends_well_inside_the_60s_limit(self):
         runs = self.cluster.health_check_runs()
         self.assertGreaterEqual(len(runs), 3, self.cluster.log("slurmd.log")[-3000:])
-        self.assertEqual([rc for _, rc in runs if rc not in (0, None)], [],
-                         "the script itself failed (the drain ends 0)")
+        # the script exits with gpu_preflight's status after a drain or a bug
+        self.assertEqual([rc for _, rc in runs if rc not in (0, 69, 70, None)], [])
         slowest = max(t for t, _ in runs)
         # --deadline 50 bounds gpu_preflight; scontrol is quick: 55 s is slack
         self.assertLess(slowest, 55.0, runs)

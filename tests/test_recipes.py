@@ -45,7 +45,7 @@ def command_lines():
     found = []
     for info, body in readme_blocks():
         for line in body.replace("\\\n", " ").split("\n"):
-            match = re.search(r"(?:^|[\s/])(?<!-t )gpu_preflight(?:\.py)? (-[^&|;\]]*)",
+            match = re.search(r"(?:^|[\s/])(?<!-t )gpu_preflight(?:\.py)? (-[^&|;\])]*)",
                               line)
             if not match or line.lstrip().startswith("command:"):
                 continue
