@@ -1681,6 +1681,9 @@ def check_gpu(run):
         gpus = doc["gpus"]
         if not gpus:
             raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
+        short = too_few_gpus(gpus, opts.expect_gpus)
+        if short:
+            raise Fail(EX_UNAVAILABLE, short)
         selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
         for gpu in gpus:
             gpu["selected"] = gpu in selected
@@ -1743,6 +1746,15 @@ def nvidia_present():
     dev = os.path.join(root, "dev")
     return any(re.match(r"^nvidia\d+$", n) for n in
                (os.listdir(dev) if os.path.isdir(dev) else ()))
+
+
+def too_few_gpus(gpus, expected):
+    """The reason when the driver sees fewer whole GPUs than --expect-gpus,
+    counted before --gpu-id or CUDA_VISIBLE_DEVICES select any; else None."""
+    seen = len([g for g in gpus if not g["parent"]])
+    if expected is None or seen >= expected:
+        return None
+    return "%d of %d GPUs visible (--expect-gpus)" % (seen, expected)
 
 
 def gpu_label(gpu):
@@ -3005,9 +3017,9 @@ def parse_seconds(text):
     return value
 
 
-def parse_count(text, most=10 ** 9):
-    if not is_digits(text.strip()) or int(text) > most:
-        raise ValueError("%r: expected a whole number from 0 to %d" % (text, most))
+def parse_count(text, most=10 ** 9, least=0):
+    if not is_digits(text.strip()) or not least <= int(text) <= most:
+        raise ValueError("%r: expected a whole number from %d to %d" % (text, least, most))
     return int(text)
 
 
@@ -3336,6 +3348,8 @@ OPTIONS = (
          "UUIDs in CUDA_VISIBLE_DEVICES or NVIDIA_VISIBLE_DEVICES, else all)"),
         ("gpu-need", None, CHECK, parse_choice("all", "any"), "all", "all|any",
          "every checked GPU must be fit, or any one (default all)"),
+        ("expect-gpus", None, CHECK, lambda text: parse_count(text, least=1), None, "N",
+         "fail (69) when the driver sees fewer than N GPUs, whatever is selected"),
         ("min-free-mib", None, CHECK, parse_count, None, "MIB",
          "skip unless this much GPU memory is free"),
         ("max-util", None, CHECK, lambda text: parse_count(text, 100), None, "PCT",
@@ -3597,7 +3611,7 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
             if problem:
                 raise ConfigError("OLLAMA_HOST=%r: %s" % (environ["OLLAMA_HOST"], problem))
     opts.gpu = bool(opts.gpu or opts.gpu_backend or opts.nvml_lib or opts.gpu_id
-                    or opts.strict_gpu
+                    or opts.strict_gpu or opts.expect_gpus
                     or any(getattr(opts, l[0]) is not None for l in GPU_LIMITS))
     opts.gpu_backend = opts.gpu_backend or "auto"
     opts.token = opts.tls_context = None    # read_token() and tls_context()

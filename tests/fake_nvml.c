@@ -17,7 +17,7 @@
  *   FAKE_NVML_MODE   free (default) | busy | lost | noperm | nodriver |
  *                    mismatch | stub | unsupported | mig | remap | retired |
  *                    ecc | hang | hang_device
- *   FAKE_NVML_COUNT  number of GPUs, 0..6 (default 1)
+ *   FAKE_NVML_COUNT  number of GPUs, 0..8 (default 1)
  *   FAKE_NVML_BUSY   comma list of busy indexes ("0,2"), in the modes whose
  *                    GPUs are otherwise free (free, lost, remap, retired,
  *                    hang_device)
@@ -153,7 +153,7 @@ typedef struct nvmlProcessInfo_v2_st {
 #endif /* FAKE_NVML_WITH_HEADER */
 
 #define MIB 1048576ULL
-#define MAX_GPUS 6
+#define MAX_GPUS 8
 #define MIG_SLOTS 7
 #define MIG_USED_SLOTS 2
 #define TOTAL_MIB 143771ULL

@@ -28,7 +28,7 @@ BUSY_PID = 4242
 MIG_PID = 4343
 DRIVER_VERSION = "550.127.05"
 GPU_NAME = "NVIDIA H200"
-MAX_GPUS = 6
+MAX_GPUS = 8
 
 
 def gpu_uuid(index):
@@ -100,7 +100,7 @@ FAKE_SMI = r"""#!/bin/sh
 # for the same GPUs as tests/fake_nvml.c. Scenario from the environment:
 #   FAKE_SMI_MODE  free (default) | busy | na | notsupported | lost |
 #                  nodriver | mismatch | mig | hang
-#   FAKE_SMI_COUNT number of GPUs, 0..6 (default 1)
+#   FAKE_SMI_COUNT number of GPUs, 0..8 (default 1)
 #   FAKE_SMI_BUSY  comma list of busy indexes (modes free, na, notsupported,
 #                  lost)
 #   FAKE_SMI_LOST_INDEX  the lost GPU in mode lost (default: the last)

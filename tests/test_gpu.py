@@ -368,6 +368,28 @@ class NvmlTest(GpuCase):
         self.assertIn("nvidia-smi not found", doc["reason"])
         self.assertIn("no AMD GPU under", doc["reason"])
 
+    def test_expect_gpus_counts_what_the_driver_sees_not_what_is_selected(self):
+        res, doc = self.nvml(["--expect-gpus", "8"], FAKE_NVML_COUNT="7")
+        self.assertVerdict(res, doc, 69, "7 of 8 GPUs visible")
+        res, doc = self.nvml(["--expect-gpus", "8", "--gpu-id", "0"], FAKE_NVML_COUNT="8")
+        self.assertVerdict(res, doc, 0)
+        res, doc = self.nvml(["--expect-gpus", "9"], FAKE_NVML_COUNT="8")
+        self.assertVerdict(res, doc, 69, "8 of 9 GPUs visible")
+        res, doc = self.gpu([], dict(GPU_PREFLIGHT_EXPECT_GPUS="2", FAKE_NVML_COUNT="1",
+                                     GPU_PREFLIGHT_NVML_LIB=self.lib))
+        self.assertVerdict(res, doc, 69, "1 of 2 GPUs visible")
+
+    def test_bad_expect_gpus_is_64_as_a_flag_and_78_from_the_environment(self):
+        for bad in ("0", "-1", "x", ""):
+            res = support.run_script(["--expect-gpus", bad])
+            self.assertEqual(res.code, 64, res)
+            self.assertIn("expect-gpus", res.stderr)
+            if bad:                         # an empty variable is an unset one
+                res = support.run_script([], env=support.cron_env(
+                    GPU_PREFLIGHT_EXPECT_GPUS=bad))
+                self.assertEqual(res.code, 78, res)
+                self.assertIn("GPU_PREFLIGHT_EXPECT_GPUS", res.stderr)
+
     def test_gpu_enabled_from_environment(self):
         res, doc = self.gpu([], dict(GPU_PREFLIGHT_MAX_UTIL="50", FAKE_NVML_MODE="busy",
                                      GPU_PREFLIGHT_NVML_LIB=self.lib))
@@ -478,6 +500,12 @@ class VramTruthTest(GpuCase):
 
 
 class SmiTest(GpuCase):
+    def test_expect_gpus_counts_nvidia_smi_rows(self):
+        res, doc = self.smi(["--expect-gpus", "3"], FAKE_SMI_COUNT="2")
+        self.assertVerdict(res, doc, 69, "2 of 3 GPUs visible")
+        res, doc = self.smi(["--expect-gpus", "2"], FAKE_SMI_COUNT="2")
+        self.assertVerdict(res, doc, 0)
+
     def test_free_gpu_and_the_exact_query_in_the_c_locale(self):
         log = os.path.join(self.dir, "smi-%s.log" % self.token)
         res, doc = self.smi(["--max-util", "50", "--max-procs", "0"], FAKE_SMI_LOG=log,

@@ -426,6 +426,13 @@ class GpuParseTest(unittest.TestCase):
                                                      "NVIDIA_VISIBLE_DEVICES": "GPU-a"})[2], [])
         self.assertEqual(gp.select_gpus(gpus, ["7", "0"], {})[1], ["7"])
 
+    def test_too_few_gpus_counts_whole_gpus_only(self):
+        gpus = [gp.gpu_record(i, "GPU-%d" % i, "x") for i in range(3)]
+        gpus[2]["parent"] = "GPU-1"     # a MIG device is no GPU of its own
+        for expected, reason in ((None, None), (1, None), (2, None),
+                                 (3, "2 of 3 GPUs visible (--expect-gpus)")):
+            self.assertEqual(gp.too_few_gpus(gpus, expected), reason, expected)
+
     def test_verdict_need_all_and_any(self):
         free = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
         busy = gp.gpu_record(1, "GPU-b", "x", free=10, util=99, procs=2, temp=30)
@@ -791,7 +798,8 @@ class StateKeyTest(unittest.TestCase):
         "ollama-option": "num_ctx=8192", "allow-cpu": None, "allow-cloud": None,
         "min-context": "32768", "min-vram-pct": "90", "gpu": None,
         "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
-        "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
+        "gpu-id": "1", "gpu-need": "any", "expect-gpus": "8", "min-free-mib": "1000",
+        "max-util": "50",
         "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
         "wait": "30", "jitter": "5", "share-result": "120", "state-dir": "/tmp/s",
         "metrics-file": "/tmp/m.prom", "log-changes-only": None, "escalate-after": "3",
