@@ -750,7 +750,7 @@ class StateKeyTest(unittest.TestCase):
         "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
         "ollama-option": "num_ctx=8192", "allow-cpu": None, "allow-cloud": None,
         "min-context": "32768", "min-vram-pct": "90", "gpu": None,
-        "gpu-timeout": "9", "gpu-backend": "nvml", "nvml-lib": "/opt/libnvidia-ml.so.1",
+        "gpu-timeout": "9", "gpu-backend": "nvml", "cuda-check": "off", "nvml-lib": "/opt/libnvidia-ml.so.1",
         "gpu-id": "1", "gpu-need": "any", "min-free-mib": "1000", "max-util": "50",
         "max-procs": "2", "max-temp": "80", "strict-gpu": None, "lock": "/run/x.lock",
         "wait": "30", "jitter": "5", "share-result": "120", "state-dir": "/tmp/s",
