@@ -1966,11 +1966,15 @@ VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver 
 
 def probe_nvml(run, ends_at):
     """NVML in a forked child: a snapshot dict, or a string when absent."""
-    doc = forked(run, lambda: nvml_snapshot(run.opts.nvml_lib), ends_at, "NVML")
+    doc = forked(run, lambda: nvml_snapshot(run.opts.nvml_lib, run.opts.cuda_check == "on"),
+                 ends_at, "NVML")
     code, text = doc.pop("nvml_error", None), sanitise(doc.pop("text", ""))
     if "untrusted" in doc:
         raise Fail(EX_CONFIG, sanitise(doc["untrusted"]))
     if code in (None, 0):
+        failed = judge_cuda(doc.pop("cuda", None), doc["gpus"])
+        if failed:
+            raise Fail(*failed)
         return doc
     if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
         return "NVML: %s" % text
@@ -2017,8 +2021,9 @@ def nvml_candidates(path):
     return [p for i, p in enumerate(found) if p not in found[:i]]
 
 
-def nvml_snapshot(path):
-    """In the child: NVML's view of every GPU, or {"nvml_error"/"untrusted": ...}."""
+def nvml_snapshot(path, cuda):
+    """In the child: NVML's view of every GPU (and CUDA's, when cuda), or
+    {"nvml_error"/"untrusted": ...}."""
     import ctypes
     found = nvml_library(ctypes, path)
     if isinstance(found, dict):
@@ -2034,11 +2039,69 @@ def nvml_snapshot(path):
             return {"nvml_error": code, "text": nvml.error(code)}
         driver = ctypes.create_string_buffer(96)
         nvml.call("nvmlSystemGetDriverVersion", driver, ctypes.c_uint(96))
-        return {"driver": driver.value.decode("ascii", "replace") or None,
-                "library": nvml.path,
-                "gpus": [gpu for index in range(count.value) for gpu in nvml.device(index)]}
+        doc = {"driver": driver.value.decode("ascii", "replace") or None,
+               "library": nvml.path,
+               "gpus": [gpu for index in range(count.value) for gpu in nvml.device(index)]}
     finally:
         nvml.call("nvmlShutdown")
+    state = cuda_state(ctypes, os.path.join(os.path.dirname(nvml.path), CUDA_NAME)) \
+        if cuda else None
+    return state if state and "untrusted" in state else dict(doc, cuda=state)
+
+
+#: The CUDA driver library, from the driver's package as NVML is.
+CUDA_NAME = "libcuda.so.1"
+
+
+def cuda_state(c, name):
+    """In the child: {"code", "text", "count"} from cuInit(0) and
+    cuDeviceGetCount (no context, no memory), {"untrusted"}, or None when
+    libcuda is not there. CUDA_VISIBLE_DEVICES is dropped first, so CUDA
+    counts every GPU as NVML does (this child's environment only)."""
+    if not os.path.isfile(name):        # AMD hosts, containers without CUDA
+        return None
+    try:
+        problem = untrusted(name)
+    except OSError as exc:
+        problem = exc.strerror
+    if problem:
+        return {"untrusted": "CUDA library %s: others could have written it: %s"
+                % (name, problem)}
+    try:
+        lib = c.CDLL(name)
+    except OSError:
+        return None
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)    # unsetenv before cuInit reads it
+    count, text = c.c_int(-1), c.c_char_p()
+    code = lib.cuInit(c.c_uint(0)) or lib.cuDeviceGetCount(c.byref(count))
+    if code and getattr(lib, "cuGetErrorString", None):
+        lib.cuGetErrorString(c.c_int(code), c.byref(text))
+    return {"code": code, "count": None if code else count.value,
+            "text": (text.value or b"").decode("ascii", "replace")}
+
+
+#: cuda.h's CUresult the CUDA check names apart.
+CUDA_SYSTEM_NOT_READY = 802
+
+
+def judge_cuda(state, gpus):
+    """(exit code, reason) when CUDA cannot start or counts other GPUs than
+    NVML's gpus; None when fine, or not checked (state None)."""
+    if not state:
+        return None
+    code = state.get("code")
+    if code == CUDA_SYSTEM_NOT_READY:
+        return (EX_TEMPFAIL, "CUDA: system not yet initialized (802): the fabric manager "
+                "has not finished (systemctl status nvidia-fabricmanager)")
+    if code:        # 3, 46, 100, 999: Ollama's docs/troubleshooting.md
+        return (EX_UNAVAILABLE, "CUDA cannot start: error %d (%s): reload the driver's "
+                "unified memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or "
+                "reboot" % (code, sanitise(state.get("text")) or "unknown"))
+    whole = [g for g in gpus if not g.get("parent")]
+    if any(g.get("mig") for g in whole) or state.get("count") in (None, len(whole)):
+        return None         # MIG: CUDA enumerates instances, not GPUs
+    return (EX_UNAVAILABLE, "CUDA sees %s GPUs, NVML %d: a GPU failed to initialise "
+            "for CUDA" % (state["count"], len(whole)))
 
 
 def nvml_library(c, path):
@@ -3340,6 +3403,10 @@ OPTIONS = (
         ("gpu-backend", None, CHECK, parse_choice("auto", "nvml", "nvidia-smi", "amd-sysfs"),
          None, "NAME", "nvml, nvidia-smi or amd-sysfs (default auto: the first "
          "of them that is installed)"),
+        ("cuda-check", None, CHECK, parse_choice("on", "off"), "on", "on|off",
+         "with NVML, also start CUDA (cuInit, no context) from the %s beside "
+         "NVML's: 802 (fabric manager not ready) 75, other failures 69 "
+         "(default on)" % CUDA_NAME),
         ("nvml-lib", None, CHECK, parse_nvml_lib, None, "PATH",
          "the absolute path of the driver's %s (default: dlopen's search, "
          "then the usual directories)" % NVML_NAME),

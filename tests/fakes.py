@@ -92,6 +92,23 @@ def build_fake_nvml(dest_dir, variant="full", default_mode=None, default_runners
     return path
 
 
+def build_fake_cuda(dest_dir, include_dir=None):
+    """Compile tests/fake_cuda.c into dest_dir/libcuda.so.1 (against cuda.h
+    in include_dir when given); return its path."""
+    path = os.path.join(dest_dir, "libcuda.so.1")
+    cmd = [find_compiler(), "-shared", "-fPIC", "-O1", "-Wall", "-Werror"]
+    if include_dir:
+        cmd += ["-DFAKE_CUDA_WITH_HEADER", "-I", include_dir]
+    cmd += ["-o", path, os.path.join(TESTS, "fake_cuda.c")]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = proc.communicate()[0].decode("utf-8", "replace")
+    if proc.returncode != 0:
+        raise RuntimeError("building the fake CUDA failed (%s, exit %d):\n%s"
+                           % (" ".join(cmd), proc.returncode, output))
+    return path
+
+
 FAKE_SMI = r"""#!/bin/sh
 # Fake nvidia-smi written by tests/fakes.py (write_fake_smi). It emulates
 #   nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits

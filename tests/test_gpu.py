@@ -396,6 +396,65 @@ class NvmlTest(GpuCase):
         self.assertVerdict(res, doc, 75, "97% busy")
 
 
+class CudaTest(GpuCase):
+    """The CUDA check beside NVML: a fake libcuda.so.1 (tests/fake_cuda.c) in
+    the fake NVML's directory, as the driver installs both."""
+
+    @classmethod
+    def setUpClass(cls):
+        GpuCase.setUpClass()
+        cls.cuda_dir = os.path.join(cls.dir, "cuda")
+        os.makedirs(cls.cuda_dir)
+        cls.cuda_nvml = fakes.build_fake_nvml(cls.cuda_dir)
+        cls.cuda = fakes.build_fake_cuda(cls.cuda_dir)
+
+    def cuda_run(self, init="0", args=(), **env):
+        """A run whose NVML is healthy and whose cuInit returns init."""
+        return self.nvml(["--warmup", "off"] + list(args), lib=self.cuda_nvml,
+                         FAKE_CUDA_INIT=init, **env)
+
+    def test_healthy_cuda_is_ready(self):
+        self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2"), code=0)
+
+    def test_fabric_manager_not_ready_is_75(self):
+        self.assertVerdict(*self.cuda_run("802"), code=75, text=(
+            "CUDA: system not yet initialized (802): the fabric manager has not "
+            "finished (systemctl status nvidia-fabricmanager)"))
+
+    def test_unknown_error_is_69_with_the_remedies(self):
+        self.assertVerdict(*self.cuda_run("999"), code=69, text=(
+            "CUDA cannot start: error 999 (unknown error): reload the driver's unified "
+            "memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or reboot"))
+
+    def test_count_other_than_nvml_is_69(self):
+        self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2", FAKE_CUDA_COUNT="1"),
+                           code=69, text="CUDA sees 1 GPUs, NVML 2")
+
+    def test_cuda_visible_devices_does_not_change_the_count(self):
+        self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2", CUDA_VISIBLE_DEVICES="0"),
+                           code=0)
+
+    def test_blocked_cuinit_is_killed_as_a_hung_probe(self):
+        self.assertVerdict(*self.cuda_run("block", ["--gpu-timeout", "1"]), code=75,
+                           text="GPU probe hung: NVML did not answer within 1s")
+
+    def test_cuda_check_off_skips_it(self):
+        self.assertVerdict(*self.cuda_run("802", ["--cuda-check", "off"]), code=0)
+
+    def test_without_libcuda_nvml_alone_decides(self):
+        self.assertVerdict(*self.nvml(["--warmup", "off"], FAKE_CUDA_INIT="802"), code=0)
+
+    def test_libcuda_others_could_write_is_refused(self):
+        os.chmod(self.cuda, 0o666)
+        try:
+            res, doc = self.cuda_run("802")
+        finally:
+            os.chmod(self.cuda, 0o755)
+        self.assertEqual(res.code, 78, res)
+        self.assertIn("CUDA library %s: others could have written it: %s is writable "
+                      "by group or others" % (self.cuda, self.cuda), doc["reason"])
+
+
 class VramTruthTest(GpuCase):
     """Where the model sits, as the GPU tells it (--gpu, Ollama on this host):
     size_vram 0 is VRAM other processes hold (75) or a GPU Ollama cannot use

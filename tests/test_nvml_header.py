@@ -315,3 +315,73 @@ class NvmlHeaderCase(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# ---- The CUDA check against NVIDIA's cuda.h (nvidia-cuda-runtime-cu12's
+# nvidia/cuda_runtime/include/cuda.h; .ci/run names it in CUDA_INCLUDE_DIR) --
+
+def require_cuda_header(testcase):
+    """The directory holding cuda.h; skip outside CI, fail under CI=true."""
+    given = os.environ.get("CUDA_INCLUDE_DIR")
+    if given:
+        if not os.path.isfile(os.path.join(given, "cuda.h")):
+            testcase.fail("CUDA_INCLUDE_DIR=%s holds no cuda.h" % given)
+        return given
+    if support.IN_CI:
+        testcase.fail("CUDA_INCLUDE_DIR is not set (CI=true: .ci/run must install "
+                      "the nvidia-cuda-runtime-cu12 wheel and export it)")
+    for directory in header_candidates():
+        if os.path.isfile(os.path.join(directory, "cuda.h")):
+            return directory
+    raise unittest.SkipTest("NVIDIA's cuda.h not found: pip install "
+                            "nvidia-cuda-runtime-cu12 and set CUDA_INCLUDE_DIR")
+
+
+class CudaHeaderCase(unittest.TestCase):
+    """The fake libcuda.so.1 and the script's CUDA calls as cuda.h declares them."""
+
+    @classmethod
+    def setUpClass(cls):
+        case = unittest.TestCase()
+        support.require_tool(case, "cc")
+        cls.include = require_cuda_header(case)
+        cls.dir = tempfile.mkdtemp(prefix="gpfl-cudah-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def test_fake_cuda_compiles_against_header(self):
+        path = fakes.build_fake_cuda(self.dir, self.include)
+        lib = ctypes.CDLL(path)
+        for name in ("cuInit", "cuDeviceGetCount", "cuGetErrorString"):
+            self.assertTrue(hasattr(lib, name), name)
+
+    def test_constants_and_signatures_the_script_uses(self):
+        """802 as the script names it; the three calls take what ctypes passes
+        (c_uint, c_int *, c_int and const char **) and return CUresult (an
+        enum: int), checked by the compiler (GCC's builtin: no link needed)."""
+        with open(support.SCRIPT, encoding="utf-8") as script:
+            named = re.search(r"^CUDA_SYSTEM_NOT_READY = (\d+)$", script.read(), re.M)
+        self.assertIsNotNone(named, "the script names 802 CUDA_SYSTEM_NOT_READY")
+        source = "\n".join([
+            "#include <cuda.h>",
+            "#include <stdio.h>",
+            "#define SAME(f, t) _Static_assert(__builtin_types_compatible_p("
+            "__typeof__(&f), t), #f)",
+            "SAME(cuInit, CUresult (*)(unsigned int));",
+            "SAME(cuDeviceGetCount, CUresult (*)(int *));",
+            "SAME(cuGetErrorString, CUresult (*)(CUresult, const char **));",
+            "_Static_assert(sizeof(CUresult) == sizeof(int), \"CUresult is an int\");",
+            "int main(void) { printf(\"%d\\n\", (int)CUDA_ERROR_SYSTEM_NOT_READY); "
+            "return 0; }", ""])
+        path = os.path.join(self.dir, "consts")
+        with open(path + ".c", "w", encoding="utf-8") as out:
+            out.write(source)
+        output = subprocess.check_output(
+            [support.require_tool(self, "cc")] + WERROR + ["-I", self.include, "-o", path,
+                                                          path + ".c"],
+            stderr=subprocess.STDOUT, timeout=60)
+        self.assertEqual(output, b"")
+        self.assertEqual(int(subprocess.check_output([path], timeout=30)),
+                         int(named.group(1)))
