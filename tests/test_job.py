@@ -505,7 +505,7 @@ class EscalateAfterTest(JobCase):
 
         self.assertEqual(verdict("hang", 75)["stage"], "tags")
         verdict("hang", 75)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)  # novermin: flags, not a type
         fcntl.flock(fd, fcntl.LOCK_EX)          # another job holds the lock
         self.assertIn("locked by another job", verdict("hang", 75)["reason"])
         os.close(fd)
