@@ -218,7 +218,7 @@ def check(ns, command, started):
             lock_fd = take_lock(opts.lock)
         run = check_until_ready(run, shared)
     except Fail as exc:
-        run.decide(exc.code, exc.stage, exc.reason)
+        run.decide(exc.code, exc.stage, exc.reason, exc.busy)
     except Interrupted as exc:
         run = getattr(exc, "run", run)
         run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
@@ -280,7 +280,7 @@ def check_until_ready(run, shared):
                 if run.code is None:
                     supervise(run, check_inference)
             except Fail as exc:
-                run.decide(exc.code, exc.stage, exc.reason)
+                run.decide(exc.code, exc.stage, exc.reason, exc.busy)
             left = retry_time(run)
             if run.code not in (EX_UNAVAILABLE, EX_TEMPFAIL) or left <= 0:
                 return run
@@ -348,6 +348,7 @@ class Run(object):
         self.notes = []             # facts for a ready verdict
         self.api = opts.api         # ollama or openai (auto: once detected)
         self.code, self.stage, self.reason = None, None, ""    # the verdict, set once
+        self.busy = False           # the verdict's 75 says the GPU is in use, not broken
         self.trace = None           # traceback text of an internal error
         self.lookup = lookup        # Lookup of a UDP syslog host, if any
         self.gpu = None             # what the GPU stage found (--json "gpu")
@@ -408,10 +409,10 @@ class Run(object):
                 self.code, self.stage, self.reason = code, stage.name, reason
                 self.wake.set()
 
-    def decide(self, code, stage, reason):
+    def decide(self, code, stage, reason, busy=False):
         with self._lock:
             if self.code is None:
-                self.code, self.stage, self.reason = code, stage, reason
+                self.code, self.stage, self.reason, self.busy = code, stage, reason, busy
                 self.wake.set()
 
     def reuse(self, state):
@@ -520,7 +521,7 @@ def supervise(run, work):
             reason = work(run)
             run.decide(EX_OK, None, reason)
         except Fail as exc:
-            run.decide(exc.code, exc.stage, exc.reason)
+            run.decide(exc.code, exc.stage, exc.reason, exc.busy)
         except Exception as exc:
             run.crashed(exc)
 
@@ -1052,13 +1053,14 @@ def check_placement(run, running):
         run.vram_pct = pct if run.vram_pct is None else run.vram_pct
         if vram == 0 and not run.opts.allow_cpu:
             model["reason"] = "runs on the CPU"
-            raise Fail(*on_the_cpu(run, model["name"], size >> 20))
+            code, reason = on_the_cpu(run, model["name"], size >> 20)
+            raise Fail(code, reason, busy=code == EX_TEMPFAIL)     # VRAM held by others
         if least and 100 * vram < least * size and vram:    # --allow-cpu takes 0
             model["reason"] = "partial offload"
             raise Fail(EX_TEMPFAIL, "model %s: partial offload %d %% < %d %% "
                        "(--min-vram-pct): the rest runs on the CPU, as the GPU had no "
                        "more free memory; free it, or use a smaller model or num_ctx" % (
-                           model["name"], min(pct, 100 * vram // size), least))
+                           model["name"], min(pct, 100 * vram // size), least), busy=True)
         if 0 < vram < size:
             run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
 
@@ -1703,7 +1705,7 @@ def check_gpu(run):
         code, reason, notes = judge_gpus(selected, opts)
         run.notes.extend(notes)
         if code:
-            raise Fail(code, reason)
+            raise Fail(code, reason, busy=code == EX_TEMPFAIL)
 
 
 def first_backend(run, ends_at):
@@ -2097,8 +2099,8 @@ def judge_cuda(state, gpus):
         return (EX_UNAVAILABLE, "CUDA cannot start: error %d (%s): reload the driver's "
                 "unified memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or "
                 "reboot" % (code, sanitise(state.get("text")) or "unknown"))
-    whole = [g for g in gpus if not g.get("parent")]
-    if any(g.get("mig") for g in whole) or state.get("count") in (None, len(whole)):
+    whole = [g for g in gpus if not g.get("parent")]    # lost or closed: NVML says why
+    if any(g.get("mig") or g.get("error") or g.get("access") is False for g in whole) or state.get("count") in (None, len(whole)):
         return None         # MIG: CUDA enumerates instances, not GPUs
     return (EX_UNAVAILABLE, "CUDA sees %s GPUs, NVML %d: a GPU failed to initialise "
             "for CUDA" % (state["count"], len(whole)))
@@ -2616,7 +2618,7 @@ class Shared(object):
         """Count this run's 75 into the streak; --escalate-after N: 69 at N."""
         if not checked(run):
             return                  # a lock held, a verdict reused: no news
-        self.streak = next_streak(self.streak, run.code, run.stage, time.time())
+        self.streak = next_streak(self.streak, run.code, run.stage, time.time(), run.busy)
         if self.streak and self.streak[2] >= (self.opts.escalate_after or 1e9):
             run.escalate(escalated_reason(self.streak, run.reason))
 
@@ -2653,11 +2655,12 @@ def checked(run):
         and run.code in (EX_OK, EX_UNAVAILABLE, EX_TEMPFAIL, EX_CONFIG)
 
 
-def next_streak(streak, code, stage, now):
+def next_streak(streak, code, stage, now, busy=False):
     """The 75s in a row from one stage after a verdict: [stage, since, runs], or
-    None. Any other verdict of a check (0, 69, 78) ends it; a 75 from another
-    stage starts a new one."""
-    if code != EX_TEMPFAIL:
+    None. Any other verdict of a check (0, 69, 78) ends it, and so does a 75
+    that says the GPU is in use by others (a threshold, VRAM held): the GPU
+    answered, so it is busy, not broken. A 75 from another stage starts anew."""
+    if code != EX_TEMPFAIL or busy:
         return None
     if streak and streak[0] == stage:
         return [stage, streak[1], streak[2] + 1]
@@ -2665,8 +2668,9 @@ def next_streak(streak, code, stage, now):
 
 
 def escalated_reason(streak, reason):
-    return "75 for %d runs in a row since %s: treated as unavailable: %s" % (
-        streak[2], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(streak[1])), reason)
+    """The cause first: a drain reason cut to its first characters keeps it."""
+    return "%s (75 for %d runs in a row since %s: treated as unavailable)" % (
+        reason, streak[2], time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(streak[1])))
 
 
 def state_dir(opts, environ):
@@ -3908,10 +3912,11 @@ class ConfigError(Exception):
 class Fail(Exception):
     """A stage ended the run: exit status, reason, and the HTTP status and message if any."""
 
-    def __init__(self, code, reason, stage=None, status=None, detail=None):
+    def __init__(self, code, reason, stage=None, status=None, detail=None, busy=False):
         Exception.__init__(self, reason)
         self.code, self.reason, self.stage = code, reason, stage
         self.status, self.detail = status, detail
+        self.busy = busy            # a 75 of a GPU in use by others: it answered
 
 
 class TimedOut(Exception):

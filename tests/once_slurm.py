@@ -272,6 +272,19 @@ class HealthCheckTest(SlurmCase):
         since = len(self.verdicts())
         self.wait_verdicts(since, 0, 3, 6 * HEALTH_INTERVAL + 10)
         self.assertEqual(self.cluster.state(), ("drained", "maintenance"))
+        # A failed check leaves the admin's reason alone (scontrol would replace
+        # it, and the next ready check would then resume the node).
+        self.addCleanup(self.set_gpu, "free")
+        self.set_gpu("nodriver")
+        since = len(self.verdicts())
+        self.wait_verdicts(since, 69, 2, 6 * HEALTH_INTERVAL + 10)
+        self.assertEqual(self.cluster.state(), ("drained", "maintenance"))
+        self.assertIn("gpu_preflight exit 69: %s drained for another reason, left as it is"
+                      % self.cluster.NODE, self.cluster.log("slurmd.log")[-4000:])
+        self.set_gpu("free")
+        since = len(self.verdicts())
+        self.wait_verdicts(since, 0, 2, 6 * HEALTH_INTERVAL + 10)
+        self.assertEqual(self.cluster.state(), ("drained", "maintenance"))
 
     def test_6_a_bug_70_leaves_the_node_in_service(self):
         # A real 70 comes only from a bug: plant one in the installed copy, as

@@ -139,6 +139,22 @@ class NvmlTest(GpuCase):
                 res, doc = self.nvml([flag, value], mode="busy")
                 self.assertVerdict(res, doc, 75, text)
 
+    def test_a_gpu_busy_for_many_runs_is_never_escalated(self):
+        """--escalate-after: a GPU over a threshold answered (a long job holds
+        it, as under Slurm); only a fault that does not answer becomes 69."""
+        state = os.path.join(self.dir, "state-" + self.token)
+        args = ["--max-util", "50", "--escalate-after", "2", "--state-dir", state]
+        for _ in range(3):
+            res, doc = self.nvml(args, mode="busy")
+            self.assertVerdict(res, doc, 75, "97% busy, limit 50 (--max-util)")
+            self.sink.messages(wait=0.01)
+        for code in (75, 69):
+            res, doc = self.gpu(["--gpu-backend", "nvml", "--nvml-lib", self.lib,
+                                 "--gpu-timeout", "0.5"] + args, dict(FAKE_NVML_MODE="hang"))
+            self.assertVerdict(res, doc, code, "GPU probe hung")
+            self.sink.messages(wait=0.01)
+        self.assertIn("(75 for 2 runs in a row since ", doc["reason"])
+
     def test_busy_gpu_without_thresholds_is_ready(self):
         res, doc = self.nvml(mode="busy")
         self.assertVerdict(res, doc, 0)
@@ -385,10 +401,9 @@ class NvmlTest(GpuCase):
             self.assertEqual(res.code, 64, res)
             self.assertIn("expect-gpus", res.stderr)
             if bad:                         # an empty variable is an unset one
-                res = support.run_script([], env=support.cron_env(
-                    GPU_PREFLIGHT_EXPECT_GPUS=bad))
+                res = self.run_gp([], env=support.cron_env(GPU_PREFLIGHT_EXPECT_GPUS=bad))
                 self.assertEqual(res.code, 78, res)
-                self.assertIn("GPU_PREFLIGHT_EXPECT_GPUS", res.stderr)
+                self.assertIn("GPU_PREFLIGHT_EXPECT_GPUS", self.log()[1]["reason"])
 
     def test_gpu_enabled_from_environment(self):
         res, doc = self.gpu([], dict(GPU_PREFLIGHT_MAX_UTIL="50", FAKE_NVML_MODE="busy",
@@ -429,6 +444,12 @@ class CudaTest(GpuCase):
     def test_count_other_than_nvml_is_69(self):
         self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2", FAKE_CUDA_COUNT="1"),
                            code=69, text="CUDA sees 1 GPUs, NVML 2")
+
+    def test_a_gpu_nvml_names_lost_is_told_by_nvml_not_by_the_count(self):
+        """A GPU lost, or one this user cannot open, is NVML's to name: CUDA,
+        which counts it out, does not turn it into a count mismatch."""
+        self.assertVerdict(*self.cuda_run(mode="lost", FAKE_NVML_COUNT="2",
+                                          FAKE_CUDA_COUNT="1"), code=69, text="GPU is lost")
 
     def test_cuda_visible_devices_does_not_change_the_count(self):
         self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2", CUDA_VISIBLE_DEVICES="0"),

@@ -511,8 +511,8 @@ class EscalateAfterTest(JobCase):
         os.close(fd)
         line = verdict("hang", 69)
         self.assertEqual(line["stage"], "tags")
-        self.assertRegex(line["reason"], r"^75 for 3 runs in a row since "
-                         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ: treated as unavailable: ")
+        self.assertRegex(line["reason"], r"^GET /api/tags timed out.* \(75 for 3 runs in a "
+                         r"row since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ: treated as unavailable\)$")
         self.assertIn("4 runs in a row", verdict("hang", 69)["reason"])
         verdict("healthy", 0)                   # ready: the streak ends
         verdict("hang", 75)

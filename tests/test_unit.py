@@ -756,11 +756,13 @@ class StreakTest(unittest.TestCase):
                 (tagged, 69, "tags", None),                    # already unavailable
                 (tagged, 78, "tags", None)):                   # a configuration
             self.assertEqual(gp.next_streak(streak, code, stage, 500.0), want)
+        # a GPU in use by others (a threshold, VRAM held) answered: busy, not broken
+        self.assertIsNone(gp.next_streak(tagged, 75, "tags", 500.0, busy=True))
 
     def test_reason_names_the_runs_the_first_runs_time_and_the_75(self):
         self.assertEqual(gp.escalated_reason(["tags", 0, 3], "GET /api/tags timed out"),
-                         "75 for 3 runs in a row since 1970-01-01T00:00:00Z: treated "
-                         "as unavailable: GET /api/tags timed out")
+                         "GET /api/tags timed out (75 for 3 runs in a row since "
+                         "1970-01-01T00:00:00Z: treated as unavailable)")
 
     def test_runs_must_be_at_least_one(self):
         self.assertEqual(gp.parse_runs("3"), 3)
