@@ -18,7 +18,8 @@ process start, whatever the server or the driver does):
                POST /api/embed      one vector from an embedding model
     placement  GET  /api/ps         the model sits in VRAM, not on the CPU; its context
   or, with --api openai (vLLM, llama-server):
-    health, models                  GET /health, GET /v1/models
+    health, models                  GET /health (--health-path), GET /v1/models
+    sleep                           GET /is_sleeping: a vLLM asleep is not woken
     completion, chat or embedding   POST /v1/completions, /v1/chat/completions
                                     or /v1/embeddings: a token or a vector
     props                           GET /props: llama-server's context (--min-context)
