@@ -1358,7 +1358,12 @@ def check_health(run, client, path):
             else:
                 raise
             return
-    if b'"healthy_endpoints"' in body:      # LiteLLM's /health calls every model
+    try:
+        doc = parse_json(body.decode("utf-8", "replace"))
+    except ValueError:
+        doc = None
+    # LiteLLM's /health calls every model (docs.litellm.ai/docs/proxy/health).
+    if isinstance(doc, dict) and "healthy_endpoints" in doc:
         run.notes.append("LiteLLM's /health calls the models: use --health-path "
                          "/health/readiness")
 
