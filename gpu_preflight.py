@@ -18,7 +18,8 @@ process start, whatever the server or the driver does):
                POST /api/embed      one vector from an embedding model
     placement  GET  /api/ps         the model sits in VRAM, not on the CPU; its context
   or, with --api openai (vLLM, llama-server):
-    health, models                  GET /health, GET /v1/models
+    health, models                  GET /health (--health-path), GET /v1/models
+    sleep                           GET /is_sleeping: a vLLM asleep is not woken
     completion, chat or embedding   POST /v1/completions, /v1/chat/completions
                                     or /v1/embeddings: a token or a vector
     props                           GET /props: llama-server's context (--min-context)
@@ -137,6 +138,7 @@ STAGE_WHAT = {
     "health": "GET /health", "models": "GET /v1/models",
     "completion": "POST /v1/completions", "chat": "POST /v1/chat/completions",
     "embedding": "POST /v1/embeddings", "props": "GET /props",
+    "sleep": "GET /is_sleeping",
 }
 
 #: A decimal number, as flags and nvidia-smi write one.
@@ -1298,13 +1300,8 @@ def check_api(run, client):
 
 def check_openai(run, client):
     """The stages of an OpenAI-compatible server (vLLM, llama-server, Ollama's /v1)."""
-    with run.step("health") as budget:
-        try:
-            client.call("GET", "/health", budget)
-        except Fail as exc:
-            if exc.status != 404:   # Ollama's /v1 and some proxies have no /health
-                raise
-            run.notes.append("server has no /health")
+    if run.opts.health_path != "none":
+        check_health(run, client, run.opts.health_path)
     with run.step("models") as budget:
         served = served_models(client.json("GET", "/v1/models", budget))
         if not served:
@@ -1316,6 +1313,7 @@ def check_openai(run, client):
         openai_context(run, client)
         check_context(run)
         return "service up, %s served (warm-up off)" % model_names(run)
+    check_asleep(run, client)
     for model in run.models:
         # one token: a completion, or a chat completion where the server has no
         # /v1/completions (gateways, chat-only servers); else one vector, as the
@@ -1340,6 +1338,70 @@ def check_openai(run, client):
                      "llama-server's --models-max too low: raise it")
     check_context(run)
     return answered(run)
+
+
+def check_health(run, client, path):
+    """Stage health: GET path (--health-path). A 503 is 75, not ready (SGLang
+    answers an empty one while it starts, drains or lags, its http_server.py
+    health_generate), except where vLLM still answers it on a second look."""
+    with run.step("health", what="GET " + path) as budget:
+        ends = time.monotonic() + budget
+        try:
+            body = client.call("GET", path, budget)
+        except Fail as exc:
+            if exc.status == 404 and path == "/health":  # Ollama's /v1, some proxies
+                run.notes.append("server has no /health")
+            elif exc.status == 404:
+                raise Fail(EX_CONFIG, "GET %s: 404: no such path here: check "
+                           "--health-path" % sanitise(path))
+            elif exc.status == 503:
+                raise Fail(*health_503(client, path, exc,
+                                       lambda: max(0.01, ends - time.monotonic())))
+            else:
+                raise
+            return
+    try:
+        doc = parse_json(body.decode("utf-8", "replace"))
+    except ValueError:
+        doc = None
+    # LiteLLM's /health calls every model (docs.litellm.ai/docs/proxy/health).
+    if isinstance(doc, dict) and "healthy_endpoints" in doc:
+        run.notes.append("LiteLLM's /health calls the models: use --health-path "
+                         "/health/readiness")
+
+
+def health_503(client, path, exc, left):
+    """(code, reason) of a 503 at the health path: 69 only for a vLLM (GET
+    /version answers {"version": ...}) whose path answers an empty 503 again,
+    its EngineDeadError (vllm/entrypoints/openai/api_server.py health)."""
+    said = "GET %s: 503 %s" % (path, sanitise(exc.detail) or "empty body")
+    vllm = False
+    try:
+        if not (exc.detail or "").strip():
+            vllm = isinstance(client.json("GET", "/version", left()).get("version"), str)
+        if vllm:
+            client.call("GET", path, left())
+    except Fail as again:
+        if vllm and again.status == 503 and not (again.detail or "").strip():
+            return EX_UNAVAILABLE, (said + ": the engine is dead (vLLM's "
+                                    "EngineDeadError); restart the server")
+    except TimedOut:
+        pass
+    return EX_TEMPFAIL, said + ": not ready (starting, draining or overloaded)"
+
+
+def check_asleep(run, client):
+    """vLLM's sleep mode: a completion to a sleeping engine crashes it
+    (vllm-project/vllm#15483), so GET /is_sleeping first (dev mode only,
+    #14311); only {"is_sleeping": true} stops the run, any other answer or
+    none (a timeout: the warm-up would time out too) lets it go on."""
+    with run.step("sleep") as budget:
+        try:
+            doc = client.json("GET", "/is_sleeping", budget)
+        except (Fail, TimedOut):
+            return
+        if doc.get("is_sleeping") is True:
+            raise Fail(EX_TEMPFAIL, "GET /is_sleeping: engine asleep (POST /wake_up)")
 
 
 def openai_context(run, client):
@@ -1552,9 +1614,6 @@ def classify_answer(what, status, body, api="ollama"):
          % (what, status, quoted)),
         (status in (404, 405) and not is_json, EX_CONFIG,
          not_server(api, "%s answered %d %s" % (what, status, quoted))),
-        (status == 503 and what == "GET /health" and not body.strip(), EX_UNAVAILABLE,
-         "GET /health: 503 with no body: the engine is dead (vLLM's EngineDeadError); "
-         "restart the server"),
         (status == 503 and message.strip() == "Loading model", EX_TEMPFAIL,
          "%s: 503 Loading model: the server is still loading" % what),
         (status == 503, EX_TEMPFAIL, "%s: 503 server busy: %s" % (what, quoted)),
@@ -3114,6 +3173,14 @@ def parse_bool(text):
     raise ValueError("%r is not a boolean (1/0, true/false, yes/no)" % text)
 
 
+def parse_health_path(text):
+    """--health-path: none, or a URL path: a "/" first, printable ASCII, no space."""
+    if text == "none" or re.match(r"^/[!-~]{0,199}$", text):
+        return text
+    raise ValueError("%r: give a path starting with / (no spaces, at most 200 "
+                     "characters) or none" % text)
+
+
 def parse_path(text):
     """A path: not empty, no NUL; in the file system's encoding (3.6, C locale: escaped)."""
     if not text.strip() or "\0" in text:
@@ -3345,6 +3412,9 @@ OPTIONS = (
         ("api", None, CHECK, parse_choice("ollama", "openai", "auto"), "ollama", "NAME",
          "ollama (native API), openai (vLLM, llama-server: /health, /v1/models, "
          "/v1/completions) or auto (ask GET /api/version once)"),
+        ("health-path", None, CHECK, parse_health_path, "/health", "PATH|none",
+         "under --api openai, the readiness path asked first (default /health; "
+         "LiteLLM: /health/readiness; none: start at GET /v1/models)"),
         ("token-file", None, CHECK, parse_path, None, "PATH",
          "send 'Authorization: Bearer' with the token in PATH (or in "
          "GPU_PREFLIGHT_TOKEN); never on the command line"),

@@ -96,6 +96,21 @@ Modes (fault_on / --fault-on restricts a mode to one path, default "all"):
   error_in_200    completions and chat -> 200 whose body is an error object
                   (vLLM's flat {"object":"error",...}, CUDA out of memory)
   empty_embedding /v1/embeddings -> 200 with data[0].embedding []
+  sglang_starting flavour vllm as SGLang answers while it starts: GET /health
+                  an empty 503 for load_seconds (sgl-project/sglang
+                  python/sglang/srt/entrypoints/http_server.py health_generate:
+                  Response(status_code=503) while starting, shutting down or
+                  when the health generation is late; gpustack/gpustack#6203),
+                  then 200; no GET /version (404)
+  litellm         flavour vllm as the LiteLLM proxy: GET /health makes real API
+                  calls (docs.litellm.ai/docs/proxy/health), so it sleeps
+                  litellm_delay (5 s) then answers {"healthy_endpoints": [...],
+                  "unhealthy_endpoints": [], ...}; GET /health/readiness answers
+                  at once {"status": "healthy", ...}
+  sleeping        vLLM in sleep mode: GET /is_sleeping {"is_sleeping": true}
+                  (vllm/entrypoints/openai/api_server.py, dev mode, #14311); a
+                  completion or chat then crashes the engine
+                  (vllm-project/vllm#15483): 500, recorded in .requests
 
 Every request is recorded in .requests as a dict: method, path (no query),
 target (as sent), headers (dict, lower-case names), body (bytes), time.
@@ -145,6 +160,9 @@ MODES = (
     ("completions_405", "POST /v1/completions -> 405 Method Not Allowed"),
     ("error_in_200", "completions and chat -> 200 with an error object (CUDA out of memory)"),
     ("empty_embedding", "/v1/embeddings -> 200 with data[0].embedding []"),
+    ("sglang_starting", "SGLang starting: /health empty 503 for --load-seconds, no /version"),
+    ("litellm", "LiteLLM proxy: slow /health (healthy_endpoints), fast /health/readiness"),
+    ("sleeping", "vLLM asleep: /is_sleeping true, a completion crashes it (500)"),
 )
 MODE_NAMES = tuple(name for name, _ in MODES)
 
@@ -353,6 +371,7 @@ class OpenAIEmulator(HTTPEmulator):
         self.n_ctx = n_ctx              # llamacpp: the context of one slot (/props)
         self.version = VLLM_VERSION
         self.redirect_to = REDIRECT_TO
+        self.litellm_delay = 5.0
 
     # -- lifecycle (HTTPEmulator.start binds now, listens after _listen_delay())
 
@@ -472,7 +491,31 @@ class OpenAIEmulator(HTTPEmulator):
         scheme, _, param = (headers.get("authorization") or "").partition(" ")
         return scheme.lower() == "bearer" and param == self.token
 
+    def _other_server(self, path, mode):
+        """sglang_starting, litellm, sleeping: the answers that differ from vLLM's."""
+        if mode == "sglang_starting" and path == "/version":
+            return self._vllm_json(404, {"detail": "Not Found"})
+        if mode == "sglang_starting" and path == "/health":
+            starting = time.time() < self._started_at + self.load_seconds
+            return _Reply(503 if starting else 200, b"")
+        if mode == "litellm" and path == "/health":
+            time.sleep(self.litellm_delay)
+            return self._vllm_json(200, {"healthy_endpoints": [{"model": self.models[0]}],
+                                         "unhealthy_endpoints": [], "healthy_count": 1,
+                                         "unhealthy_count": 0})
+        if mode == "litellm" and path == "/health/readiness":
+            return self._vllm_json(200, {"status": "healthy", "db": "Not connected"})
+        if mode == "sleeping" and path == "/is_sleeping":
+            return self._vllm_json(200, {"is_sleeping": True})
+        if mode == "sleeping" and path in ("/v1/completions", "/v1/chat/completions"):
+            return self._vllm_error(500, "CUDA error: an illegal memory access was "
+                                    "encountered", "InternalServerError")
+        return None
+
     def _vllm_route(self, method, path, headers, body, mode):
+        other = self._other_server(path, mode)
+        if other is not None:
+            return other
         if self.token is not None and path.startswith("/v1") and method != "OPTIONS" \
                 and not self._vllm_authorized(headers):
             return self._vllm_json(401, {"error": "Unauthorized"})

@@ -103,6 +103,60 @@ class ServersTest(OpenAICase):
         emu = self.server("vllm", mode="engine_dead")
         self.verdict(self.check(emu.url), 69, "health", "the engine is dead")
 
+    def test_an_empty_503_on_health_is_not_ready_unless_vllm_says_its_engine_died(self):
+        sglang = self.server("vllm", mode="sglang_starting", load_seconds=30)
+        self.verdict(self.check(sglang.url), 75, "health",
+                     "GET /health: 503 empty body: not ready (starting, draining or overloaded)")
+        self.assertEqual(sglang.count("GET", "/version"), 1)
+        self.assertEqual([r for r in sglang.requests if r["method"] == "POST"], [])
+        dead = self.server("vllm", mode="engine_dead")
+        self.verdict(self.check(dead.url), 69, "health", "the engine is dead")
+        self.assertEqual(dead.count("GET", "/health"), 2)
+
+    def test_wait_rides_out_an_sglang_start(self):
+        sglang = self.server("vllm", mode="sglang_starting", load_seconds=2)
+        fields = self.verdict(self.check(sglang.url, "--wait", "20"), 0)
+        self.assertGreaterEqual(int(fields["attempts"]), 2)
+
+    def test_health_path_none_and_a_custom_path(self):
+        emu = self.server("vllm")
+        self.verdict(self.check(emu.url, "--health-path", "none"), 0)
+        self.assertEqual(emu.count("GET", "/health"), 0)
+        self.assertEqual(emu.count("GET", "/v1/models"), 1)
+        lite = self.server("vllm", mode="litellm")
+        self.verdict(self.check(lite.url, "--health-path", "/health/readiness"), 0)
+        self.assertEqual(lite.count("GET", "/health"), 0)
+        self.assertEqual(lite.count("GET", "/health/readiness"), 1)
+        self.verdict(self.check(emu.url, "--health-path", "/ready"), 78, "health",
+                     "GET /ready: 404: no such path here: check --health-path")
+
+    def test_bad_health_path_is_64_as_a_flag_and_78_from_the_environment(self):
+        for bad in ("health", "/a b", "/" + "x" * 300, "/\x01"):
+            with self.subTest(bad=bad):
+                res = self.run_gp(["--api", "openai", "--health-path", bad])
+                self.assertEqual(res.code, 64, res)
+                self.assertIn("--health-path", res.stderr)
+        res = self.run_gp(["--api", "openai"], env={"GPU_PREFLIGHT_HEALTH_PATH": "ready"})
+        self.assertEqual(res.code, 78, res)
+
+    def test_litellm_health_gets_a_note_and_its_slowness_is_temporary(self):
+        lite = self.server("vllm", mode="litellm")
+        lite.litellm_delay = 1.5
+        self.verdict(self.check(lite.url, "--timeout", "10"), 0,
+                     text="use --health-path /health/readiness")
+        lite.litellm_delay = 5.0
+        self.verdict(self.check(lite.url, "--timeout", "1"), 75, "health", "timed out")
+
+    def test_a_sleeping_vllm_is_temporary_and_gets_no_completion(self):
+        emu = self.server("vllm", mode="sleeping")
+        self.verdict(self.check(emu.url), 75, "sleep", "engine asleep (POST /wake_up)")
+        self.assertEqual([r for r in emu.requests if r["method"] == "POST"], [])
+        self.verdict(self.check(emu.url, "--warmup", "off"), 0)
+        self.assertEqual(emu.count("GET", "/is_sleeping"), 1)
+        awake = self.server("vllm")
+        self.verdict(self.check(awake.url), 0)
+        self.assertEqual(awake.count("GET", "/is_sleeping"), 1)
+
     def test_unknown_model_and_no_models_are_configuration(self):
         emu = self.server("vllm")
         self.verdict(self.check(emu.url, "--model", "llama3"), 78, "models",

@@ -289,6 +289,56 @@ class ClassifyTest(unittest.TestCase):
         self.assertNotIn("ollama signin", reason)
 
 
+class HealthJudgeTest(unittest.TestCase):
+    """A 503 at the health path: 69 only for a vLLM still answering an empty 503."""
+
+    class Client(object):
+        def __init__(self, version, again):
+            self.answers = {"/version": version, "/health": again}
+
+        def call(self, method, path, budget):
+            answer = self.answers[path]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        def json(self, method, path, budget):
+            return self.call(method, path, budget)
+
+    def test_a_503_is_not_ready_unless_vllm_answers_it_twice(self):
+        empty = gp.Fail(75, "503", status=503, detail="")
+        missing = gp.Fail(78, "404", status=404, detail="Not Found")
+        cases = [  # (first detail, /version, second /health, code)
+            ("", {"version": "0.9.2"}, empty, 69),
+            ("", {"version": "0.9.2"}, b"", 75),            # it came back
+            ("", {"version": "0.9.2"}, gp.TimedOut(), 75),
+            ("", {"version": 1}, empty, 75),
+            ("", {}, empty, 75),
+            ("", missing, empty, 75),                       # SGLang: no /version
+            ("", gp.TimedOut(), empty, 75),
+            ("Loading model", {"version": "0.9.2"}, empty, 75),
+        ]
+        for detail, version, again, code in cases:
+            with self.subTest(detail=detail, version=version, again=again):
+                first = gp.Fail(75, "503", status=503, detail=detail)
+                got, reason = gp.health_503(self.Client(version, again), "/health",
+                                            first, lambda: 1.0)
+                self.assertEqual(got, code, reason)
+                self.assertIn("the engine is dead" if code == 69 else "not ready", reason)
+
+    def test_health_path_values(self):
+        for good in ("/health", "/health/readiness", "/ping", "none", "/"):
+            self.assertEqual(gp.parse_health_path(good), good)
+        for bad in ("", "health", "None", "/a b", "/a\tb", "/a\x7f", "/\u00e9",
+                    "/" + "x" * 200, "http://h/health"):
+            with self.subTest(bad=bad):
+                self.assertRaises(ValueError, gp.parse_health_path, bad)
+
+    def test_an_empty_503_alone_is_temporary(self):
+        code, reason = gp.classify_answer("GET /health", 503, b"", "openai")
+        self.assertEqual(code, 75, reason)
+
+
 class ContextJudgeTest(unittest.TestCase):
     """The judges of the context window and of a warm-up that reloaded a runner."""
 
@@ -793,7 +843,8 @@ class StateKeyTest(unittest.TestCase):
 
     #: A value other than the default, as given on the command line.
     OTHER = {
-        "host": "http://127.0.0.2:11434", "api": "openai", "token-file": "/etc/t",
+        "host": "http://127.0.0.2:11434", "api": "openai", "health-path": "/ping",
+        "token-file": "/etc/t",
         "cafile": "/etc/ca.pem", "insecure": None, "timeout": "7", "deadline": "30",
         "load-timeout": "120",
         "model": "qwen3", "require": "tools", "warmup": "load", "keep-alive": "10m",
