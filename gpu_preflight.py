@@ -3175,7 +3175,7 @@ def parse_bool(text):
 
 def parse_health_path(text):
     """--health-path: none, or a URL path: a "/" first, printable ASCII, no space."""
-    if text == "none" or re.match(r"^/[!-~]{0,199}$", text):
+    if text == "none" or re.match(r"/[!-~]{0,199}\Z", text):
         return text
     raise ValueError("%r: give a path starting with / (no spaces, at most 200 "
                      "characters) or none" % text)

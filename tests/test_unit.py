@@ -329,7 +329,7 @@ class HealthJudgeTest(unittest.TestCase):
     def test_health_path_values(self):
         for good in ("/health", "/health/readiness", "/ping", "none", "/"):
             self.assertEqual(gp.parse_health_path(good), good)
-        for bad in ("", "health", "None", "/a b", "/a\tb", "/a\x7f", "/\u00e9",
+        for bad in ("", "health", "None", "/a b", "/health\n", "/a\tb", "/a\x7f", "/\u00e9",
                     "/" + "x" * 200, "http://h/health"):
             with self.subTest(bad=bad):
                 self.assertRaises(ValueError, gp.parse_health_path, bad)
