@@ -231,6 +231,12 @@ class HealthCheckTest(SlurmCase):
         self.wait_ran(job_id, marker)
         self.assert_in_service()
 
+    def wait_slurmd_log(self, text, timeout=15):
+        """Wait for slurmd to log text: it logs a health check's output after
+        the program exits, and the syslog line the test waited on comes first."""
+        daemons.wait_for("slurmd to log %r" % text,
+                         lambda: text in self.cluster.log("slurmd.log"), timeout)
+
     def wait_state(self, what, states, timeout=15):
         """The node's (state, reason) once its state is one of states."""
         return daemons.wait_for(what, lambda: (
@@ -248,8 +254,8 @@ class HealthCheckTest(SlurmCase):
         shown = self.cluster.run(["scontrol", "show", "node", self.cluster.NODE])
         self.assertRegex(shown, r"State=IDLE\+DRAIN ")
         self.assertIn("Reason=gpu_preflight: NVIDIA driver not loaded", shown)
-        self.assertIn("health_check failed: rc:69 output:gpu_preflight exit 69: drained "
-                      + self.cluster.NODE, self.cluster.log("slurmd.log"))
+        self.wait_slurmd_log("health_check failed: rc:69 output:gpu_preflight exit 69: "
+                             "drained " + self.cluster.NODE)
 
         job_id, marker = self.submit("drained")
         ends_at = time.monotonic() + 2 * HEALTH_INTERVAL + 4   # scheduler passes
@@ -279,8 +285,8 @@ class HealthCheckTest(SlurmCase):
         since = len(self.verdicts())
         self.wait_verdicts(since, 69, 2, 6 * HEALTH_INTERVAL + 10)
         self.assertEqual(self.cluster.state(), ("drained", "maintenance"))
-        self.assertIn("gpu_preflight exit 69: %s drained for another reason, left as it is"
-                      % self.cluster.NODE, self.cluster.log("slurmd.log")[-4000:])
+        self.wait_slurmd_log("gpu_preflight exit 69: %s drained for another reason, left "
+                             "as it is" % self.cluster.NODE)
         self.set_gpu("free")
         since = len(self.verdicts())
         self.wait_verdicts(since, 0, 2, 6 * HEALTH_INTERVAL + 10)
@@ -305,10 +311,9 @@ class HealthCheckTest(SlurmCase):
         bugs = self.wait_verdicts(since, 70, 3, 6 * HEALTH_INTERVAL + 10)
         self.assertIn("internal error: KeyError", bugs[-1]["reason"])
         self.assert_in_service()
-        log = self.cluster.log("slurmd.log")
-        self.assertIn("error: health_check failed: rc:70 output:gpu_preflight: skip (70): "
-                      "internal error: KeyError: 'planted'\ngpu_preflight exit 70: %s left "
-                      "as it is\n" % self.cluster.NODE, log[-4000:])
+        self.wait_slurmd_log("error: health_check failed: rc:70 output:gpu_preflight: skip "
+                             "(70): internal error: KeyError: 'planted'\ngpu_preflight exit "
+                             "70: %s left as it is\n" % self.cluster.NODE)
         job_id, marker = self.submit("bug")
         self.wait_ran(job_id, marker)
 
@@ -339,8 +344,7 @@ class HealthCheckTest(SlurmCase):
         failed = self.wait_verdicts(since, 78, 3, 6 * HEALTH_INTERVAL + 10)
         self.assertIn("no models", failed[-1]["reason"])
         self.assert_in_service()
-        self.assertIn("gpu_preflight exit 78: %s left as it is" % self.cluster.NODE,
-                      self.cluster.log("slurmd.log")[-4000:])
+        self.wait_slurmd_log("gpu_preflight exit 78: %s left as it is" % self.cluster.NODE)
 
         path, script = readme_health_check()
         self.assertEqual(script.count("\nDRAIN_ON_78=no "), 1)

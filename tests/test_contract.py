@@ -9,6 +9,7 @@ stderr, the request the server saw, and the line on a real syslog socket.
 import json
 import os
 import pty
+import re
 import shutil
 import signal
 import socket
@@ -56,9 +57,11 @@ class ContractCase(unittest.TestCase):
         """A silent skip with this code, stage and reason text, logged."""
         self.assertEqual(res.code, code, res)
         self.assertEqual((res.stdout, res.stderr), ("", ""), "not silent under cron")
-        if deadline is not None:
-            self.assertLess(res.elapsed, deadline + SLACK, res)
         priority, fields = self.log()
+        if deadline is not None:    # the run's own clock, from its process start (a
+            # second suite on the 2 cores slows the test's wall clock, not the run)
+            self.assertLess(float(fields["elapsed_ms"]), (deadline + SLACK) * 1000, res)
+            self.assertLess(res.elapsed, deadline + 30, res)        # no hang
         self.assertEqual(priority, 8 + (3 if code in (70, 78) else 4))
         self.assertEqual((fields["result"], fields["code"]), ("skip", str(code)))
         self.assertEqual(fields["stage"], stage)
@@ -603,7 +606,9 @@ class TimeBoundTest(ContractCase):
         self.assertEqual((res.code, res.stdout), (75, ""), res)
         self.assertIn("result=skip code=75", res.stderr)
         # the lookup ran beside the checks and got what was left: nothing
-        self.assertLess(res.elapsed, 1.4, res)
+        elapsed = re.search(r" elapsed_ms=([0-9.]+)", res.stderr)
+        self.assertLess(float(elapsed.group(1)), 1400, res)
+        self.assertLess(res.elapsed, 1 + 30, res)                   # no hang
 
     def test_trickling_ps_is_cut_at_the_stage_budget(self):
         # a byte every 0.3 s: no socket timeout of 1 s ever fires
