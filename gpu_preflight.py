@@ -2121,13 +2121,9 @@ def cuda_state(c, name):
     counts every GPU as NVML does (this child's environment only)."""
     if not os.path.isfile(name):        # AMD hosts, containers without CUDA
         return None
-    try:
-        problem = untrusted(name)
-    except OSError as exc:
-        problem = exc.strerror
-    if problem:
-        return {"untrusted": "CUDA library %s: others could have written it: %s"
-                % (name, problem)}
+    distrust = library_distrust("CUDA", name)
+    if distrust:
+        return distrust
     try:
         lib = c.CDLL(name)
     except OSError:
@@ -2165,6 +2161,19 @@ def judge_cuda(state, gpus):
             "for CUDA" % (state["count"], len(whole)))
 
 
+def library_distrust(what, name):
+    """{"untrusted": why} when another user could have written the library
+    root is about to load (the directories too, as StrictModes checks), else None."""
+    try:
+        problem = untrusted(name)
+    except OSError as exc:
+        problem = exc.strerror
+    if problem:
+        return {"untrusted": "%s library %s: others could have written it: %s"
+                % (what, name, problem)}
+    return None
+
+
 def nvml_library(c, path):
     """(the library, its path), each candidate judged before dlopen; or the failure dict."""
     why = "%s not found" % (path or NVML_NAME)
@@ -2175,13 +2184,9 @@ def nvml_library(c, path):
         if "/stubs/" in os.path.realpath(name):
             why = "only the CUDA toolkit's stub library (%s)" % name
             continue
-        try:
-            problem = untrusted(name)
-        except OSError as exc:
-            problem = exc.strerror
-        if problem:
-            return {"untrusted": "NVML library %s: others could have written it: %s"
-                    % (name, problem)}
+        distrust = library_distrust("NVML", name)
+        if distrust:
+            return distrust
         try:
             return c.CDLL(name), name
         except OSError as exc:
