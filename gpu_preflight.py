@@ -1763,8 +1763,9 @@ def check_gpu(run):
             raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
         code, reason, notes = judge_gpus(selected, opts)
         run.notes.extend(notes)
-        if code:
-            raise Fail(code, reason, busy=code == EX_TEMPFAIL)
+        if code:        # a fabric that never finishes is a fault, not a busy GPU
+            raise Fail(code, reason, busy=code == EX_TEMPFAIL and not any(
+                g.get("pending") for g in selected))
 
 
 def first_backend(run, ends_at):
@@ -1864,7 +1865,7 @@ def select_gpus(gpus, ids, environ):
 def gpu_problems(gpu, opts):
     """(hard, soft, unknown) problems of one GPU against the thresholds."""
     hard = [text for text in (gpu.get("error"), gpu.get("health")) if text]
-    soft, unknown = [], []
+    soft, unknown = [gpu["pending"]] if gpu.get("pending") and not hard else [], []
     for option, key, unit, at_least in GPU_LIMITS:
         limit = getattr(opts, option)
         if limit is None or hard:
@@ -1908,8 +1909,8 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
     """One GPU as every backend reports it; None is "cannot be read"."""
     return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
             "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
-            "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True, "error": error,
-            "health": None}
+            "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True,
+            "error": error, "health": None, "pending": None}
 
 
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
@@ -2012,6 +2013,7 @@ def forked(run, child, ends_at, what):
 NVML_NO_PERMISSION, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 4, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
 NVML_OPERATING_SYSTEM, NVML_LIB_RM_VERSION_MISMATCH = 17, 18
+NVML_ARGUMENT_VERSION_MISMATCH = 25
 
 #: usedGpuMemory of a process NVML cannot measure (Windows WDDM, some vGPUs):
 #: (-1) in an unsigned long long.
@@ -2019,6 +2021,9 @@ NVML_VALUE_NOT_AVAILABLE = -1
 
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
+#: nvmlGpuFabricInfo_v3_t's and _v2_t's (v3 adds a last field, so one ctypes
+#: class serves both; drivers that know only v2 refuse v3's version).
+NVML_GPU_FABRIC_INFO_V3, NVML_GPU_FABRIC_INFO_V2 = 0x03000028, 0x02000024
 
 #: The reason for NVML error 18 / nvidia-smi exit 18 ("%s": who said it).
 VERSION_MISMATCH = ("NVIDIA driver and library versions differ (%s): the driver "
@@ -2047,7 +2052,8 @@ def probe_nvml(run, ends_at):
 
 
 def nvml_structs(c):
-    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3) as ctypes classes."""
+    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3),
+    nvmlGpuFabricInfo_v3_t and nvmlFieldValue_t as ctypes classes."""
     def struct(name, *fields):
         return type(name, (c.Structure,), {"_fields_": list(fields)})
     uint, ull = c.c_uint, c.c_ulonglong
@@ -2057,7 +2063,16 @@ def nvml_structs(c):
                    ("free", ull), ("used", ull)),
             struct("Process", *process),
             struct("ProcessV2", *process + (("gpuInstanceId", uint),
-                                            ("computeInstanceId", uint))))
+                                            ("computeInstanceId", uint))),
+            struct("FabricInfo", ("version", uint), ("clusterUuid", c.c_ubyte * 16),
+                   ("status", c.c_int), ("cliqueId", uint), ("state", c.c_ubyte),
+                   ("healthMask", uint), ("healthSummary", c.c_ubyte)),
+            # value is a union of 8 bytes; ctypes zeroes it, so a 4-byte value
+            # reads the same as its 8 bytes on the little-endian hosts NVIDIA
+            # has drivers for.
+            struct("FieldValue", ("fieldId", uint), ("scopeId", uint),
+                   ("timestamp", c.c_longlong), ("latencyUsec", c.c_longlong),
+                   ("valueType", c.c_int), ("nvmlReturn", c.c_int), ("value", ull)))
 
 
 #: Where NVML lives when dlopen's own search fails (never a CUDA toolkit
@@ -2146,7 +2161,11 @@ def judge_cuda(state, gpus):
     NVML's gpus; None when fine, or not checked (state None)."""
     if not state:
         return None
-    code = state.get("code")
+    code, whole = state.get("code"), [g for g in gpus if not g.get("parent")]
+    broken = [g for g in whole if g.get("health")]
+    if code == CUDA_SYSTEM_NOT_READY and broken:      # a GPU the driver gave up on
+        return (EX_UNAVAILABLE, "%s: %s (and CUDA: system not yet initialized, 802)"
+                % (gpu_label(broken[0]), broken[0]["health"]))
     if code == CUDA_SYSTEM_NOT_READY:
         return (EX_TEMPFAIL, "CUDA: system not yet initialized (802): the fabric manager "
                 "has not finished (systemctl status nvidia-fabricmanager)")
@@ -2154,8 +2173,8 @@ def judge_cuda(state, gpus):
         return (EX_UNAVAILABLE, "CUDA cannot start: error %d (%s): reload the driver's "
                 "unified memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or "
                 "reboot" % (code, sanitise(state.get("text")) or "unknown"))
-    whole = [g for g in gpus if not g.get("parent")]    # lost or closed: NVML says why
-    if any(g.get("mig") or g.get("error") or g.get("access") is False for g in whole) or state.get("count") in (None, len(whole)):
+    if state.get("count") in (None, len(whole)) or any(   # lost or closed: NVML says why
+            g.get("mig") or g.get("error") or g.get("access") is False for g in whole):
         return None         # MIG: CUDA enumerates instances, not GPUs
     return (EX_UNAVAILABLE, "CUDA sees %s GPUs, NVML %d: a GPU failed to initialise "
             "for CUDA" % (state["count"], len(whole)))
@@ -2239,7 +2258,7 @@ class Nvml(object):
         if self.call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
             gpu["util_pct"] = util[0]
         gpu["temp_c"] = self.uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
-        gpu["health"] = self.health(handle)
+        self.health(handle, gpu)
         return [gpu] + self.mig_devices(handle, gpu)
 
     def mig_devices(self, handle, gpu):
@@ -2262,7 +2281,7 @@ class Nvml(object):
 
     def measure(self, handle, gpu):
         """Memory and compute processes, of a GPU or a MIG device."""
-        c, (Memory, MemoryV2, Process, ProcessV2) = self.c, self.structs
+        c, (Memory, MemoryV2, Process, ProcessV2) = self.c, self.structs[:4]
         mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
         code = self.call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
         if code:
@@ -2291,17 +2310,31 @@ class Nvml(object):
                     [rows[i].pid for i in range(number.value)], used)
                 return
 
-    def health(self, handle):
-        """nvml_health() of the figures this GPU reports (None: unsupported)."""
+    def health(self, handle, gpu):
+        """nvml_health() of the figures this GPU reports (None: unsupported),
+        then the driver's own word: its recovery action and fabric state."""
         c, rows = self.c, [self.c.c_uint(0) for _ in range(4)]
         ecc = c.c_ulonglong(0)      # uncorrected (1), since the driver loaded (0)
         remapped = self.call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0
-        return nvml_health(rows[2].value if remapped else None,       # pending
-                           rows[3].value if remapped else None,       # failed
-                           self.uint("nvmlDeviceGetRetiredPagesPendingStatus", handle),
-                           ecc.value if self.call("nvmlDeviceGetTotalEccErrors", handle,
-                                                  c.c_int(1), c.c_int(0), c.byref(ecc)) == 0
-                           else None)
+        gpu["health"] = nvml_health(
+            rows[2].value if remapped else None,        # pending
+            rows[3].value if remapped else None,        # failed
+            self.uint("nvmlDeviceGetRetiredPagesPendingStatus", handle),
+            ecc.value if self.call("nvmlDeviceGetTotalEccErrors", handle, c.c_int(1),
+                                   c.c_int(0), c.byref(ecc)) == 0 else None)
+        FabricInfo, FieldValue = self.structs[4:]
+        field = FieldValue(fieldId=NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+        code = self.call("nvmlDeviceGetFieldValues", handle, c.c_int(1), c.byref(field))
+        fabric = FabricInfo(version=NVML_GPU_FABRIC_INFO_V3)
+        status = self.call("nvmlDeviceGetGpuFabricInfoV", handle, c.byref(fabric))
+        if status == NVML_ARGUMENT_VERSION_MISMATCH:
+            fabric.version = NVML_GPU_FABRIC_INFO_V2
+            status = self.call("nvmlDeviceGetGpuFabricInfoV", handle, c.byref(fabric))
+        hard, gpu["pending"] = driver_health(
+            field.value if code == 0 and field.nvmlReturn == 0 else None,
+            fabric.state if status == 0 else None,
+            self.error(fabric.status) if fabric.status else None, gpu["index"])
+        gpu["health"] = gpu["health"] or hard
 
 
 #: /proc/PID/comm of Ollama's model runners: llama-server (GGUF models, 0.30.0
@@ -2341,6 +2374,38 @@ def nvml_health(rows_pending, rows_failed, pages_pending, uncorrected):
         return ("%d uncorrectable ECC errors since the driver loaded: the GPU needs a "
                 "reset" % uncorrected)
     return None
+
+
+#: nvml.h's field of the action the driver asks for (nvmlDeviceGpuRecoveryAction_t).
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+#: What each action (1 to 7) asks of an admin, as nvml.h describes it.
+RECOVERY_ACTIONS = (None, "GPU reset required (nvidia-smi -r -i %s)", "node reboot required",
+                    "drain peer-to-peer (NVLink) work", "drain the GPU's work and reset it "
+                    "(nvidia-smi -r -i %s)", "recover the IMEX domain",
+                    "reset the GPU's PCIe bus", "system reboot required")
+#: nvml.h's NVML_GPU_FABRIC_STATE_*: the GPU's registration with the fabric manager.
+NVML_GPU_FABRIC_STATE_NOT_STARTED, NVML_GPU_FABRIC_STATE_IN_PROGRESS = 1, 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+
+
+def driver_health(action, fabric_state, fabric_error, index):
+    """(why the GPU needs an admin, why it is not ready yet), each None when
+    not so, from the recovery action and the NVLink fabric state the driver
+    reports (None where it cannot: older drivers, GPUs without NVSwitch)."""
+    hard = pending = None
+    if action:
+        known = RECOVERY_ACTIONS[action] if action < len(RECOVERY_ACTIONS) else None
+        hard = "the driver's recovery action: %s" % (
+            known.replace("%s", str(index)) if known else "%d (see nvml.h)" % action)
+    if fabric_state in (NVML_GPU_FABRIC_STATE_NOT_STARTED, NVML_GPU_FABRIC_STATE_IN_PROGRESS):
+        pending = ("NVLink fabric registration %s: the fabric manager has not finished "
+                   "(systemctl status nvidia-fabricmanager)" % (
+                       "in progress" if fabric_state == NVML_GPU_FABRIC_STATE_IN_PROGRESS
+                       else "not started"))
+    elif fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED and fabric_error and not hard:
+        hard = ("NVLink fabric registration failed: %s (journalctl -u "
+                "nvidia-fabricmanager)" % fabric_error)
+    return hard, pending
 
 
 SMI_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/lib/wsl/lib")
@@ -2950,7 +3015,7 @@ def gpu_summary(gpu):
     """One GPU's figures for the log line; '-' where it cannot say."""
     keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
     text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
-    problem = gpu["error"] or gpu["health"]
+    problem = gpu["error"] or gpu["health"] or gpu.get("pending")
     return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
                              gpu["name"] or "-")
 

@@ -4,7 +4,9 @@
  *   cc -shared -fPIC -O1 -Wall -o DIR/libnvidia-ml.so.1 tests/fake_nvml.c
  *   cc ... -DFAKE_OLD_DRIVER ...   a pre-R510 driver: no
  *          nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetComputeRunningProcesses_v3
- *          or _v2 (ctypes then raises AttributeError on lookup)
+ *          or _v2, nor nvmlDeviceGetGpuFabricInfoV (ctypes then raises
+ *          AttributeError on lookup); field 230 (the recovery action, R570
+ *          on) answers NOT_SUPPORTED
  *
  * Signatures, struct layouts and error codes are nvml.h's: built plain it
  * declares what it needs itself (below); tests/test_nvml_header.py builds it
@@ -23,6 +25,15 @@
  *                    hang_device)
  *   FAKE_NVML_LOST_INDEX  the GPU that lost/remap/retired act on (default:
  *                    the last one)
+ *   FAKE_NVML_RECOVERY_ACTION  the recovery action (nvmlDeviceGetFieldValues,
+ *                    field 230) of the target GPU (FAKE_NVML_LOST_INDEX);
+ *                    the others report 0, NONE
+ *   FAKE_NVML_FABRIC  unset: nvmlDeviceGetGpuFabricInfoV is NOT_SUPPORTED
+ *                    (a GPU without NVSwitch); "STATE" or "STATE:STATUS":
+ *                    the target GPU's fabric state and status, the others
+ *                    COMPLETED with NVML_SUCCESS
+ *   FAKE_NVML_FABRIC_V2_ONLY  when set, the fabric call refuses v3's version
+ *                    with ARGUMENT_VERSION_MISMATCH (a driver that knows v2)
  *   FAKE_NVML_LOG    append one line per call (the symbol name; for
  *                    nvmlDeviceGetMemoryInfo_v2 also " version=0x%08x")
  *   FAKE_NVML_RUNNERS  a file of "PID BYTES" lines, read at every call:
@@ -150,6 +161,62 @@ typedef struct nvmlProcessInfo_v2_st {
     unsigned int gpuInstanceId;
     unsigned int computeInstanceId;
 } nvmlProcessInfo_v2_t, nvmlProcessInfo_t;
+
+typedef enum nvmlValueType_enum {
+    NVML_VALUE_TYPE_DOUBLE = 0,
+    NVML_VALUE_TYPE_UNSIGNED_INT = 1,
+    NVML_VALUE_TYPE_UNSIGNED_LONG = 2,
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3,
+    NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4,
+    NVML_VALUE_TYPE_SIGNED_INT = 5,
+    NVML_VALUE_TYPE_UNSIGNED_SHORT = 6,
+    NVML_VALUE_TYPE_COUNT
+} nvmlValueType_t;
+
+/* 8 bytes */
+typedef union nvmlValue_st {
+    double dVal;
+    int siVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+/* 40 bytes */
+typedef struct nvmlFieldValue_st {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    nvmlValueType_t valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
+
+typedef unsigned char nvmlGpuFabricState_t;
+
+/* 40 bytes; v2 is the same without healthSummary (36 bytes) */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    nvmlGpuFabricState_t state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
+typedef nvmlGpuFabricInfo_v3_t nvmlGpuFabricInfoV_t;
+
+/* NVML_STRUCT_VERSION(GpuFabricInfo, 3) and (GpuFabricInfo, 2) */
+#define nvmlGpuFabricInfo_v3 ((unsigned int)(sizeof(nvmlGpuFabricInfo_v3_t) | (3 << 24U)))
+#define nvmlGpuFabricInfo_v2 ((unsigned int)(36 | (2 << 24U)))
+#define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
+#define NVML_GPU_FABRIC_STATE_COMPLETED 3
 #endif /* FAKE_NVML_WITH_HEADER */
 
 #define MIB 1048576ULL
@@ -866,3 +933,55 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device,
                   d->index == target_index()) ? 2 : 0;
     return NVML_SUCCESS;
 }
+
+/* ---- the driver's own word: recovery action, NVLink fabric ---------- */
+
+/* Field 230 only; every other field NOT_SUPPORTED, as a driver that does
+ * not know a field id answers in that field's nvmlReturn. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                      nvmlFieldValue_t *values)
+{
+    int i;
+    DEVICE_ENTRY(device, d);
+
+    if (values == NULL || valuesCount < 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (i = 0; i < valuesCount; i++) {
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+#ifndef FAKE_OLD_DRIVER
+        if (values[i].fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION &&
+            d->slot < 0) {
+            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+            values[i].value.uiVal = d->index == target_index()
+                ? (unsigned int)env_int("FAKE_NVML_RECOVERY_ACTION", 0) : 0;
+            values[i].nvmlReturn = NVML_SUCCESS;
+        }
+#endif
+    }
+    return NVML_SUCCESS;
+}
+
+#ifndef FAKE_OLD_DRIVER
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
+                                         nvmlGpuFabricInfoV_t *gpuFabricInfo)
+{
+    const char *fabric = getenv("FAKE_NVML_FABRIC");
+    unsigned int state = NVML_GPU_FABRIC_STATE_COMPLETED, status = 0;
+    DEVICE_ENTRY(device, d);
+
+    if (gpuFabricInfo == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpuFabricInfo->version != nvmlGpuFabricInfo_v2 &&
+        (gpuFabricInfo->version != nvmlGpuFabricInfo_v3 ||
+         getenv("FAKE_NVML_FABRIC_V2_ONLY") != NULL))
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (fabric == NULL || d->slot >= 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (d->index == target_index() &&
+        sscanf(fabric, "%u:%u", &state, &status) < 1)
+        state = NVML_GPU_FABRIC_STATE_NOT_SUPPORTED;
+    gpuFabricInfo->state = (nvmlGpuFabricState_t)state;
+    gpuFabricInfo->status = (nvmlReturn_t)status;
+    return NVML_SUCCESS;
+}
+#endif

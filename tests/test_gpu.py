@@ -441,6 +441,14 @@ class CudaTest(GpuCase):
             "CUDA cannot start: error 999 (unknown error): reload the driver's unified "
             "memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or reboot"))
 
+    def test_a_gpu_the_driver_gave_up_on_outranks_cudas_802(self):
+        """A fabric that failed to register also stops cuInit with 802; the
+        driver's word (69) is the verdict, not "not yet initialized" (75)."""
+        self.assertVerdict(*self.cuda_run("802", FAKE_NVML_FABRIC="3:999"), code=69, text=(
+            "GPU 0 (%s): NVLink fabric registration failed: Unknown Error (NVML error "
+            "999) (journalctl -u nvidia-fabricmanager) (and CUDA: system not yet "
+            "initialized, 802)" % gpu_uuid(0)[:12]))
+
     def test_count_other_than_nvml_is_69(self):
         self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2", FAKE_CUDA_COUNT="1"),
                            code=69, text="CUDA sees 1 GPUs, NVML 2")
@@ -474,6 +482,62 @@ class CudaTest(GpuCase):
         self.assertEqual(res.code, 78, res)
         self.assertIn("CUDA library %s: others could have written it: %s is writable "
                       "by group or others" % (self.cuda, self.cuda), doc["reason"])
+
+
+class DriverHealthTest(GpuCase):
+    """What the driver itself says of a GPU through NVML: the recovery action
+    it asks for (field 230) and the GPU's NVLink fabric registration."""
+
+    def test_a_recovery_action_is_69_naming_it_on_that_gpu(self):
+        for action, text in (("2", "GPU 1 (%s): the driver's recovery action: node reboot "
+                                   "required" % gpu_uuid(1)[:12]),
+                             ("1", "GPU 1 (%s): the driver's recovery action: GPU reset "
+                                   "required (nvidia-smi -r -i 1)" % gpu_uuid(1)[:12]),
+                             ("9", "the driver's recovery action: 9 (see nvml.h)")):
+            with self.subTest(action=action):
+                self.sink.messages(wait=0.01)
+                res, doc = self.nvml(FAKE_NVML_COUNT="2", FAKE_NVML_RECOVERY_ACTION=action)
+                self.assertVerdict(res, doc, 69, text)
+
+    def test_a_fabric_not_registered_yet_is_75(self):
+        for fabric, words in (("1", "not started"), ("2", "in progress")):
+            with self.subTest(fabric=fabric):
+                self.sink.messages(wait=0.01)
+                res, doc = self.nvml(FAKE_NVML_FABRIC=fabric)
+                self.assertVerdict(res, doc, 75, (
+                    "GPU 0 (%s): NVLink fabric registration %s: the fabric manager has "
+                    "not finished (systemctl status nvidia-fabricmanager)"
+                    % (gpu_uuid(0)[:12], words)))
+
+    def test_a_driver_that_knows_only_v2_of_the_fabric_info_is_read_too(self):
+        res, doc = self.nvml(FAKE_NVML_FABRIC="2", FAKE_NVML_FABRIC_V2_ONLY="1")
+        self.assertVerdict(res, doc, 75, "NVLink fabric registration in progress")
+
+    def test_a_failed_fabric_registration_is_69(self):
+        res, doc = self.nvml(FAKE_NVML_FABRIC="3:999")
+        self.assertVerdict(res, doc, 69, "NVLink fabric registration failed: Unknown Error "
+                           "(NVML error 999) (journalctl -u nvidia-fabricmanager)")
+
+    def test_a_registered_fabric_and_no_action_are_ready(self):
+        res, doc = self.nvml(FAKE_NVML_COUNT="2", FAKE_NVML_FABRIC="3",
+                             FAKE_NVML_RECOVERY_ACTION="0")
+        self.assertVerdict(res, doc, 0)
+
+    def test_an_older_driver_without_either_is_ready(self):
+        res, doc = self.nvml(lib=self.old_lib, FAKE_NVML_FABRIC="2",
+                             FAKE_NVML_RECOVERY_ACTION="2")
+        self.assertVerdict(res, doc, 0)
+
+    def test_a_fabric_that_never_registers_is_escalated(self):
+        """Unlike a GPU busy with others' work, a fabric still pending after N
+        runs is a fault: --escalate-after makes it 69 (a drain under Slurm)."""
+        args = ["--escalate-after", "2", "--state-dir",
+                os.path.join(self.dir, "state-" + self.token)]
+        for code in (75, 69):
+            res, doc = self.nvml(args, FAKE_NVML_FABRIC="1")
+            self.assertVerdict(res, doc, code, "NVLink fabric registration not started")
+            self.sink.messages(wait=0.01)
+        self.assertIn("(75 for 2 runs in a row since ", doc["reason"])
 
 
 class VramTruthTest(GpuCase):

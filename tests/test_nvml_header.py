@@ -36,9 +36,13 @@ import support
 
 #: The ctypes classes nvml_structs() returns, in order, and nvml.h's names.
 STRUCTS = ("nvmlMemory_t", "nvmlMemory_v2_t", "nvmlProcessInfo_v1_t",
-           "nvmlProcessInfo_v2_t")
+           "nvmlProcessInfo_v2_t", "nvmlGpuFabricInfo_v3_t", "nvmlFieldValue_t")
 #: Script constants whose nvml.h name is not NVML_ERROR_<rest> or the same.
-CONSTANT_NAMES = {"NVML_MEMORY_V2": "nvmlMemory_v2"}
+CONSTANT_NAMES = {"NVML_MEMORY_V2": "nvmlMemory_v2",
+                  "NVML_GPU_FABRIC_INFO_V3": "nvmlGpuFabricInfo_v3",
+                  "NVML_GPU_FABRIC_INFO_V2": "nvmlGpuFabricInfo_v2"}
+#: The struct versions the fake's plain build defines itself.
+VERSIONS = ("nvmlMemory_v2", "nvmlGpuFabricInfo_v3", "nvmlGpuFabricInfo_v2")
 #: Functions the script surely calls: the extraction below must find them.
 SURELY_CALLED = ("nvmlInit_v2", "nvmlShutdown", "nvmlErrorString",
                  "nvmlDeviceGetMemoryInfo_v2",
@@ -181,7 +185,8 @@ class NvmlHeaderCase(unittest.TestCase):
             self.fake_source.index(start) + len(start):self.fake_source.index(end)])
         types = [name for names in re.findall(r"\}\s*([\w\s,]+);", block)
                  for name in re.split(r"[\s,]+", names) if name] + ["nvmlDevice_t"]
-        constants = sorted(set(re.findall(r"\b(NVML_[A-Z0-9_]+)\s*[=,}]", block)))
+        constants = sorted(set(re.findall(r"\b(NVML_[A-Z0-9_]+)\s*[=,}]", block)
+                               + re.findall(r"#define\s+(NVML_[A-Z0-9_]+)\s", block)))
         self.assertGreaterEqual(len(constants), 12, constants)
         self.assertIn("nvmlMemory_v2_t", types)
         lines = ["#include <stddef.h>", "#include <stdio.h>", "DECLARATIONS",
@@ -197,7 +202,7 @@ class NvmlHeaderCase(unittest.TestCase):
                 lines.append('    printf("%s.%s %%zu %%zu\\n", offsetof(%s, %s), '
                              'sizeof(((%s *)0)->%s));'
                              % (name, field, name, field, name, field))
-        for name in constants + ["nvmlMemory_v2"]:
+        for name in constants + list(VERSIONS):
             lines.append('    printf("%s %%lld\\n", (long long)(%s));' % (name, name))
         program = "\n".join(lines + ["    return 0;", "}", ""])
         theirs = self.run_c("plain-header", program.replace(
@@ -269,6 +274,29 @@ class NvmlHeaderCase(unittest.TestCase):
             with self.subTest(constant=name):
                 self.assertEqual(value, values[name])
 
+    def test_recovery_actions_are_named_by_their_nvml_values(self):
+        """The script's text for each nvmlDeviceGpuRecoveryAction_t sits at
+        nvml.h's value of that action (and NONE, 0, has none)."""
+        gp = support.load_script()
+        words = (("NONE", None), ("GPU_RESET", "GPU reset required"),
+                 ("NODE_REBOOT", "node reboot"), ("DRAIN_P2P", "peer-to-peer"),
+                 ("DRAIN_AND_RESET", "drain the GPU's work and reset"),
+                 ("RECOVER_IMEX_DOMAIN", "IMEX domain"), ("BUS_RESET", "PCIe bus"),
+                 ("SYSTEM_REBOOT", "system reboot"))
+        lines = ["#include <stdio.h>", "#include <nvml.h>", "int main(void)", "{"]
+        lines += ['    printf("%%d\\n", (int)NVML_GPU_RECOVERY_ACTION_%s);' % name
+                  for name, _ in words]
+        values = [int(n) for n in self.run_c("actions", "\n".join(
+            lines + ["    return 0;", "}", ""]))]
+        self.assertEqual(len(gp.RECOVERY_ACTIONS), len(words))
+        for (name, word), value in zip(words, values):
+            with self.subTest(action=name):
+                text = gp.RECOVERY_ACTIONS[value]
+                if word is None:
+                    self.assertIsNone(text, name)
+                else:
+                    self.assertIn(word, text, "%s (%d)" % (name, value))
+
     def test_literals_the_script_passes(self):
         """What nvml_snapshot() passes as plain numbers and ctypes types, held
         against nvml.h: sensor, ECC and MIG values, buffer sizes, the
@@ -301,7 +329,9 @@ class NvmlHeaderCase(unittest.TestCase):
     # ---- (c) the names the script calls ---------------------------------
 
     def test_called_functions_declared(self):
-        names = sorted(called_functions(self.script_source))
+        fields = set(name for cls in support.load_script().nvml_structs(ctypes)
+                     for name, _ in cls._fields_)      # field.nvmlReturn is no call
+        names = sorted(called_functions(self.script_source) - fields)
         for name in SURELY_CALLED:
             self.assertIn(name, names)
         lines = ["#define NVML_NO_UNVERSIONED_FUNC_DEFS", "#include <nvml.h>"]

@@ -525,6 +525,43 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual(gp.judge_gpus([sick], self.opts())[:2],
                          (69, "GPU 0 (GPU-a): retired pages pending: the GPU needs a reset"))
 
+    def test_driver_health_reads_the_recovery_action_and_fabric_state(self):
+        # (recovery action, fabric state, fabric error, index) -> (hard, pending)
+        fabric = "NVLink fabric registration %s: the fabric manager has not finished " \
+                 "(systemctl status nvidia-fabricmanager)"
+        for args, want in (
+                ((None, None, None, 0), (None, None)),      # an older driver: no word
+                ((0, 3, None, 0), (None, None)),            # NONE, registered
+                ((0, 0, None, 0), (None, None)),            # no NVSwitch fabric
+                ((1, None, None, 3), ("the driver's recovery action: GPU reset required "
+                                      "(nvidia-smi -r -i 3)", None)),
+                ((2, None, None, 0), ("the driver's recovery action: node reboot required",
+                                      None)),
+                ((4, None, None, 1), ("the driver's recovery action: drain the GPU's work "
+                                      "and reset it (nvidia-smi -r -i 1)", None)),
+                ((7, None, None, 0), ("the driver's recovery action: system reboot "
+                                      "required", None)),
+                ((12, None, None, 0), ("the driver's recovery action: 12 (see nvml.h)", None)),
+                ((0, 1, None, 0), (None, fabric % "not started")),
+                ((0, 2, None, 0), (None, fabric % "in progress")),
+                ((0, 3, "Unknown Error (NVML error 999)", 0),
+                 ("NVLink fabric registration failed: Unknown Error (NVML error 999) "
+                  "(journalctl -u nvidia-fabricmanager)", None)),
+                ((2, 3, "Unknown Error (NVML error 999)", 0),     # the action outranks
+                 ("the driver's recovery action: node reboot required", None)),
+                ((2, 2, None, 0), ("the driver's recovery action: node reboot required",
+                                   fabric % "in progress"))):
+            with self.subTest(args=args):
+                self.assertEqual(gp.driver_health(*args), want)
+        # pending is a reason to wait (75), not a broken GPU; hard outranks it
+        waiting = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
+        waiting["pending"] = fabric % "in progress"
+        self.assertEqual(gp.judge_gpus([waiting], self.opts())[:2],
+                         (75, "GPU 0 (GPU-a): " + fabric % "in progress"))
+        waiting["health"] = "node reboot required"
+        self.assertEqual(gp.judge_gpus([waiting], self.opts())[:2],
+                         (69, "GPU 0 (GPU-a): node reboot required"))
+
 
 class VramJudgeTest(unittest.TestCase):
     """Where a model sits, judged from the GPU stage's figures (pure functions):
