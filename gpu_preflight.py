@@ -56,6 +56,7 @@ The file, top to bottom, one section each:
 __version__ = "0.1.0"
 
 import argparse
+import collections
 import contextlib
 import errno
 import json
@@ -226,7 +227,12 @@ def check(ns, command, started):
         run.interrupt(exc.signum, getattr(exc, "stage", None) or run.current)
     except Exception as exc:
         run.crashed(exc)
-    return run, shared, (path, command, lock_fd)
+    return run, shared, Job(path, command, lock_fd)
+
+
+#: What runs on a ready verdict: the COMMAND's resolved path and its argv (None:
+#: no command), and the --lock descriptor it inherits (None: no lock).
+Job = collections.namedtuple("Job", "path command lock_fd")
 
 
 def finish(run, shared, job, previous):
@@ -236,12 +242,11 @@ def finish(run, shared, job, previous):
     kill_probes(run)
     keep_state(run, shared)
     report(run)
-    path, command, lock_fd = job
     if late:                        # after a ready verdict: the job must not start
         run.job_failed(128 + late[0], "interrupted by %s after the verdict"
                        % signal.Signals(late[0]).name)
-    elif command and run.code == EX_OK:
-        run.job_failed(*exec_job(path, command, lock_fd, previous))
+    elif job.command and run.code == EX_OK:
+        run.job_failed(*exec_job(job, previous))
     else:
         return run.code
     report(run)                     # a second line: the job did not start
@@ -2565,29 +2570,29 @@ def find_command(name, environ):
     raise Fail(EX_NOTFOUND, "%s: command not found" % sanitise(name), "command")
 
 
-def exec_job(path, argv, lock_fd, inherited):
+def exec_job(job, inherited):
     """Become the job (lock inherited, signals as found, SIGPIPE, SIGXFSZ at
     default; no #!: /bin/sh, as execvp does); (status, why) when it fails."""
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ,
                    signal.SIGCHLD):
         signal.signal(signum, signal.SIG_IGN if inherited.get(signum) is signal.SIG_IGN
                       else signal.SIG_DFL)
-    if lock_fd is not None:
-        os.set_inheritable(lock_fd, True)
+    if job.lock_fd is not None:
+        os.set_inheritable(job.lock_fd, True)
     with contextlib.suppress(OSError, ValueError):
         if sys.stdout is not None:
             sys.stdout.flush()
     try:
         env = job_environment()
         try:
-            os.execve(path, argv, env)
+            os.execve(job.path, job.command, env)
         except OSError as exc:
             if exc.errno != errno.ENOEXEC:
                 raise
-            os.execve("/bin/sh", ["/bin/sh", path] + argv[1:], env)
+            os.execve("/bin/sh", ["/bin/sh", job.path] + job.command[1:], env)
     except OSError as exc:
         return (EX_NOTFOUND if exc.errno == errno.ENOENT else EX_NOEXEC,
-                "cannot run %s: %s" % (sanitise(path), exc.strerror))
+                "cannot run %s: %s" % (sanitise(job.path), exc.strerror))
 
 
 def job_environment():
@@ -2842,8 +2847,8 @@ def state_key(opts, environ):
     if opts.token:              # hashlib only then: importing it costs 2 ms
         import hashlib
         token = hashlib.sha256(opts.token.encode("ascii")).hexdigest()
-    check = json.dumps([[o[0], getattr(opts, o[0].replace("-", "_"))]
-                        for o in each_option() if o[2] == CHECK] + sorted(
+    check = json.dumps([[o.name, getattr(opts, o.name.replace("-", "_"))]
+                        for o in each_option() if o.role == CHECK] + sorted(
         [k, v] for k, v in environ.items()
         if k in KEY_ENVIRON or k.lower().endswith("_proxy")) + [token], sort_keys=True)
     name = re.sub(r"[^A-Za-z0-9.-]+", "_", "%s_%s" % (opts.host, ",".join(opts.model)))
@@ -2921,8 +2926,8 @@ def report(run):
     facts = verdict_facts(run, (time.monotonic() - run.started) * 1000.0)
 
     hide = lambda text: redact(text, server_text=False)  # the whole output, once more
-    line = hide(" ".join("%s=%s" % (f[0], quote(f[-1]) if f[0] == "reason" else
-                                    log_value(f[-1])) for f in facts if f[0]))
+    line = hide(" ".join("%s=%s" % (f.log_key, quote(f.shown) if f.log_key == "reason"
+                                    else log_value(f.shown)) for f in facts if f.log_key))
     problem = None
     if not opts.no_syslog and not run.unchanged:
         start_lookup(run)
@@ -2931,8 +2936,8 @@ def report(run):
                               opts.syslog_address, run.lookup and run.lookup.result(wait()),
                               wait())
     if opts.json:
-        emit("stdout", hide(json.dumps(dict((f[1], f[2]) for f in facts if f[1]),
-                                       sort_keys=True)) + "\n")
+        doc = dict((f.json_key, f.value) for f in facts if f.json_key)
+        emit("stdout", hide(json.dumps(doc, sort_keys=True)) + "\n")
     if opts.quiet:
         return
     if opts.verbose:
@@ -2969,46 +2974,56 @@ def verdict_reason(run):
     return "; ".join([run.reason] + (run.notes if run.code == EX_OK else []))
 
 
+#: One fact of the verdict: its key in the log line and in --json (None: not
+#: in that output), its value, and its form in the log line.
+Fact = collections.namedtuple("Fact", "log_key json_key value shown")
+
+
+def fact(log_key, json_key, value, *shown):
+    """A Fact, shown in the log line as its value unless a form is given."""
+    return Fact(log_key, json_key, value, shown[0] if shown else value)
+
+
 def verdict_facts(run, elapsed_ms):
-    """Every fact of the verdict once: (key in the log line, key in --json,
-    value[, form in the log line]); None: not in that output."""
+    """Every fact of the verdict once, as Facts in the log line's order."""
     ready, models, opts = run.code == EX_OK, run.models, run.opts
     loaded = models[0]["was_loaded"] if models else None
     first_load = models[0]["load_ms"] if models else None
     cloud = any(m["cloud"] for m in models)
     ctx = models[0]["context_length"] if models else None
     return [
-        ("result", "result", "ready" if ready else "skip"), (None, "ready", ready),
-        ("code", "exit_code", run.code), ("stage", "stage", run.stage),
-        ("reason", "reason", verdict_reason(run)), ("host", "host", opts.host),
-        ("model", "model", run.model),
-        ("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
-        ("models" if len(models) > 1 else None, "models",
-         [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms", "resident",
-                                   "size_vram", "was_loaded", "load_ms", "cloud",
-                                   "context_length", "reason"))
-          for m in models],
-         ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"] is None
-                                 else "%dms" % m["warmup_ms"]) for m in models)),
-    ] + [("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
-        ("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
-         "yes" if loaded else "no"),
-        ("load_ms" if loaded is False and first_load is not None else None,
-         "model_load_ms", first_load, first_load is not None and int(round(first_load))),
-        ("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
-        ("cloud" if cloud else None, "cloud", cloud, "yes"),
-        ("ctx" if ctx is not None else None, "context_length", ctx),
-        ("api" if run.api != "ollama" else None, "api", run.api),
-        ("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
-        ("shared" if run.reused else None, "reused", run.reused is not None, "reused"),
-        ("problem" if run.problems else None, "problems", run.problems,
-         "; ".join(run.problems)),
-        ("gpu_backend" if run.gpu else None, "gpu", run.gpu, run.gpu and run.gpu["backend"]),
-    ] + [("gpu%d" % n, None, gpu_summary(gpu))
+        fact("result", "result", "ready" if ready else "skip"), fact(None, "ready", ready),
+        fact("code", "exit_code", run.code), fact("stage", "stage", run.stage),
+        fact("reason", "reason", verdict_reason(run)), fact("host", "host", opts.host),
+        fact("model", "model", run.model),
+        fact("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
+        fact("models" if len(models) > 1 else None, "models",
+             [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms",
+                                       "resident", "size_vram", "was_loaded", "load_ms",
+                                       "cloud", "context_length", "reason"))
+              for m in models],
+             ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"]
+                                     is None else "%dms" % m["warmup_ms"]) for m in models)),
+    ] + [fact("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
+        fact("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
+             "yes" if loaded else "no"),
+        fact("load_ms" if loaded is False and first_load is not None else None,
+             "model_load_ms", first_load, first_load is not None and int(round(first_load))),
+        fact("vram_pct" if run.vram_pct is not None else None, "vram_pct", run.vram_pct),
+        fact("cloud" if cloud else None, "cloud", cloud, "yes"),
+        fact("ctx" if ctx is not None else None, "context_length", ctx),
+        fact("api" if run.api != "ollama" else None, "api", run.api),
+        fact("attempts" if run.attempt > 1 else None, "attempts", run.attempt),
+        fact("shared" if run.reused else None, "reused", run.reused is not None, "reused"),
+        fact("problem" if run.problems else None, "problems", run.problems,
+             "; ".join(run.problems)),
+        fact("gpu_backend" if run.gpu else None, "gpu", run.gpu,
+             run.gpu and run.gpu["backend"]),
+    ] + [fact("gpu%d" % n, None, gpu_summary(gpu))
          for n, gpu in enumerate(run.gpu["gpus"] if run.gpu else ())] + [
-        (None, "version", __version__), (None, "timeout_s", opts.timeout),
-        (None, "deadline_s", run.deadline_s()), (None, "warmup", opts.warmup),
-        (None, "stages", run.stages)]
+        fact(None, "version", __version__), fact(None, "timeout_s", opts.timeout),
+        fact(None, "deadline_s", run.deadline_s()), fact(None, "warmup", opts.warmup),
+        fact(None, "stages", run.stages)]
 
 
 def gpu_summary(gpu):
@@ -3471,9 +3486,16 @@ def _split_host_port(text):
 #: Where syslog lines go unless --syslog-address says otherwise.
 DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
-#: Every option, by --help group: (long name, short, CHECK or HOW, parser,
-#: "flag", or (parser of one value, splitter of env/file text), default,
-#: metavar, help).
+#: One option: its long name, short flag, role (CHECK or HOW), how its value
+#: is read ("flag", a parser of one value, or a ListValue), default, metavar
+#: and help text.
+Option = collections.namedtuple("Option", "name short role kind default metavar help")
+
+#: A repeatable option: parse turns one value into a list of items, split cuts
+#: the environment's or a file's text into values.
+ListValue = collections.namedtuple("ListValue", "parse split")
+
+#: Every option, by --help group, as the fields of an Option.
 OPTIONS = (
     ("the service", (
         ("host", None, CHECK, host_url, None, "URL",
@@ -3504,12 +3526,12 @@ OPTIONS = (
          % DEFAULT_DEADLINE),
     )),
     ("the model and its warm-up", (
-        ("model", None, CHECK, (parse_models, lambda text: [text]), None, "NAME",
+        ("model", None, CHECK, ListValue(parse_models, lambda text: [text]), None, "NAME",
          "a model the job uses; repeatable, or NAME,NAME (default: one already "
          "loaded, else the first listed). Each must be present and answer, and "
          "all must sit in VRAM together; an embedding model is proven by a vector"),
         # from the environment or a file, "tools, vision qwen3=thinking" is two
-        ("require", None, CHECK, (parse_require, lambda text: re.sub(
+        ("require", None, CHECK, ListValue(parse_require, lambda text: re.sub(
             r"\s*,\s*", ",", text).split()), None,
          "[MODEL=]CAP[,CAP]", "capabilities the job's generative models (or MODEL) "
          "must declare: %s; repeatable" % ", ".join(CAPABILITIES)),
@@ -3518,8 +3540,8 @@ OPTIONS = (
          "(default token)"),
         ("keep-alive", None, CHECK, parse_keep_alive, None, "DURATION",
          "keep_alive sent with the warm-up (600, -1, 10m); not sent unless given"),
-        ("ollama-option", None, CHECK, (lambda text: [parse_ollama_option(text)],
-                                        shlex_split), None, "KEY=VALUE",
+        ("ollama-option", None, CHECK, ListValue(lambda text: [parse_ollama_option(text)],
+                                                 shlex_split), None, "KEY=VALUE",
          "runner option for the warm-up, as the job uses it (num_ctx=8192); "
          "repeatable"),
         ("allow-cpu", None, CHECK, "flag", False, None,
@@ -3670,7 +3692,7 @@ def _argtype(parse):
 
 
 def each_option():
-    return [option for _, options in OPTIONS for option in options]
+    return [Option(*row) for _, rows in OPTIONS for row in rows]
 
 
 def build_parser(run="python3 gpu_preflight.py"):
@@ -3681,17 +3703,20 @@ def build_parser(run="python3 gpu_preflight.py"):
                      description=description.replace("python3 gpu_preflight.py", run),
                      epilog=EPILOG % {"run": run}, allow_abbrev=False,
                      formatter_class=_Formatter)
-    for title, options in OPTIONS:
+    for title, rows in OPTIONS:
         group = parser.add_argument_group(title)
-        for name, short, _, kind, default, metavar, text in options:
-            flags = ([short] if short else []) + ["--" + name]
-            if kind == "flag":
-                group.add_argument(*flags, action="store_true", default=None, help=text)
-            elif isinstance(kind, tuple):   # (parse one value to a list, split text)
-                group.add_argument(*flags, action="append", default=None, metavar=metavar,
-                                   help=text, type=_argtype(kind[0]))
+        for option in map(Option._make, rows):
+            flags = ([option.short] if option.short else []) + ["--" + option.name]
+            if option.kind == "flag":
+                group.add_argument(*flags, action="store_true", default=None,
+                                   help=option.help)
+            elif isinstance(option.kind, ListValue):
+                group.add_argument(*flags, action="append", default=None,
+                                   metavar=option.metavar, help=option.help,
+                                   type=_argtype(option.kind.parse))
             else:
-                group.add_argument(*flags, metavar=metavar, help=text, type=_argtype(kind))
+                group.add_argument(*flags, metavar=option.metavar, help=option.help,
+                                   type=_argtype(option.kind))
     parser.add_argument_group("configuration").add_argument(
         "--config", metavar="PATH", help="config file (default %s when it exists; or "
         "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
@@ -3773,7 +3798,7 @@ def read_config_file(path, must_exist):
         raise ConfigError("bad config file %s: %s" % (path, said))
     if not parser.has_section(PROG):
         raise ConfigError("config file %s has no [%s] section" % (path, PROG))
-    known = set(o[0] for o in each_option())
+    known = set(option.name for option in each_option())
     values = {}
     for key, text in parser.items(PROG):
         name = key.replace("_", "-")
@@ -3807,7 +3832,7 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
         except ValueError as exc:
             raise ConfigError("%s: %s" % (source, exc))
         value = default if value is None else value
-        if isinstance(kind, tuple):     # repeated flags: one list
+        if isinstance(kind, ListValue):     # repeated flags: one list
             value = [x for part in value or () for x in part]
         setattr(opts, attr, value)
     if opts.host is None:
@@ -3841,8 +3866,8 @@ def resolve_options(ns, environ, file_values, file_name="config file"):
 def _from_text(kind, text):
     if kind == "flag":
         return parse_bool(text)
-    if isinstance(kind, tuple):
-        return [[item for part in kind[1](text) for item in kind[0](part)]]
+    if isinstance(kind, ListValue):
+        return [[item for part in kind.split(text) for item in kind.parse(part)]]
     return kind(text)
 
 

@@ -165,7 +165,7 @@ class ReferenceTest(unittest.TestCase):
         printed = [name for name in help_long_options() if name not in ("help", "version")]
         self.assertEqual(sorted(listed), sorted(printed),
                          "the options table vs gpu_preflight.py --help")
-        role = dict((entry[0], entry[2]) for entry in gp.each_option())
+        role = dict((entry.name, entry.role) for entry in gp.each_option())
         self.assertEqual(sorted(set(printed) - set(role)), ["config"],
                          "an option of --help that each_option() does not know")
         for name, env, check, line in rows:

@@ -906,7 +906,7 @@ class StateKeyTest(unittest.TestCase):
 
     def test_every_option_that_defines_the_check_changes_the_key_and_no_other(self):
         base = self.key()
-        roles = dict((o[0], o[2]) for o in gp.each_option())
+        roles = dict((o.name, o.role) for o in gp.each_option())
         self.assertEqual(set(roles), set(self.OTHER), "classify and sample every option")
         self.assertIn(gp.HOW, roles.values())
         for name, role in sorted(roles.items()):
