@@ -12,6 +12,9 @@ The reference is held against the script: the "--json prints one object
 with these fields" list names exactly the keys that --json prints (nested
 lists too), and the options table lists every long option of --help with its
 GPU_PREFLIGHT_ variable and a "check" column that matches the option's role.
+The README's order is held too: what an on-call admin needs (install, a cron
+line, a sample skip line, the exit table) within its first 100 lines, and a
+table of contents that links every section.
 """
 
 import json
@@ -110,6 +113,21 @@ def readme_options_table():
     return rows
 
 
+def readme_anchors():
+    """[(level, anchor)] of the README's headings outside code blocks, each
+    with the anchor GitHub gives it: the text lower-cased, punctuation but
+    dashes dropped, spaces made dashes ("(`--gpu`)" gives "---gpu")."""
+    found, fenced = [], False
+    for line in readme_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            hashes, title = line.split(" ", 1)
+            title = re.sub(r"[^\w\- ]", "", title.replace("`", "").lower())
+            found.append((len(hashes), title.replace(" ", "-")))
+    return found
+
+
 def help_long_options():
     """The long options that `gpu_preflight.py --help` prints, in order."""
     proc = subprocess.run([sys.executable, support.SCRIPT, "--help"],
@@ -181,6 +199,37 @@ class ReferenceTest(unittest.TestCase):
                     continue
                 self.assertIn(role[name], (gp.CHECK, gp.HOW), name)
                 self.assertEqual(check, "yes" if role[name] == gp.CHECK else "", line)
+
+
+class ReadmeOrderTest(unittest.TestCase):
+    """The README in the order an on-call admin reads it: the first 100 lines
+    install, schedule and explain a skipped job; the contents lead to every
+    section, and every link to a section finds it."""
+
+    def test_the_first_100_lines_install_schedule_and_explain_a_skip(self):
+        head = "\n".join(readme_text().splitlines()[:100])
+        wanted = [("the install line", r"(?m)^sudo sh install\.sh "),
+                  ("a cron line", r"(?m)^```cron\n# /etc/cron\.d/\S+: .*\n.* root  /"),
+                  ("where to look", r"journalctl -t gpu_preflight"),
+                  ("a sample skip line", r" gpu_preflight\[\d+\]: result=skip code=\d+ ")]
+        wanted += [("exit table row %s" % code, r"(?m)^\| %s \| " % code)
+                   for code in ("0", "64", "69", "70", "75", "78", "126, 127", "130, 143")]
+        missing = [what for what, pattern in wanted if not re.search(pattern, head)]
+        self.assertEqual(missing, [], "not in the README's first 100 lines")
+
+    def test_the_contents_link_every_section_in_order(self):
+        contents = re.search(r"(?ms)^## Contents\n(.*?)(?=^## )", readme_text())
+        self.assertTrue(contents, "README.md lost its ## Contents")
+        sections = [anchor for level, anchor in readme_anchors()
+                    if level == 2 and anchor != "contents"]
+        linked = re.findall(r"\]\(#([^)]+)\)", contents.group(1))
+        self.assertEqual([anchor for anchor in linked if anchor in sections], sections)
+
+    def test_every_link_to_a_section_finds_it(self):
+        anchors = set(anchor for level, anchor in readme_anchors())
+        links = re.findall(r"\]\(#([^)]+)\)", readme_text())
+        self.assertGreater(len(links), 20, "the README lost its links?")
+        self.assertEqual([link for link in links if link not in anchors], [])
 
 
 class RecipeTest(unittest.TestCase):
