@@ -677,6 +677,10 @@ class TestInstalledCommand(InstallTestCase):
         self.assertEqual((version.returncode, version.stderr), (0, ""))
         self.assertEqual(version.stdout.split()[:1], ["gpu_preflight"])
         self.assertIn("Python %d.%d.%d" % sys.version_info[:3], version.stdout)
+        source = subprocess.run([sys.executable, SCRIPT, "--version"], env=support.cron_env(),
+                                stdout=subprocess.PIPE, universal_newlines=True)
+        self.assertRegex(source.stdout, r"^gpu_preflight \S+\+[0-9a-f]{12} ")
+        self.assertEqual(version.stdout, source.stdout, "the installed copy is another")
         self.assertEqual(check.returncode, 0, check.stderr)
         doc = json.loads(check.stdout)
         self.assertEqual((doc["exit_code"], doc["result"]), (0, "ready"))
