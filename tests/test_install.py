@@ -382,7 +382,7 @@ class TestInstall(InstallTestCase):
                     re.escape("installed: %s/gpu_preflight." % self.cachedir) + r"\S+\.pyc",
                     re.escape("installed: %s (python3: " % self.target) + r"/\S+\)",
                     re.escape("installed: %s (example, all commented out)" % config),
-                    r"gpu_preflight \d+\.\d+\.\d+ \(Python 3\.\d+\.\d+\)"]
+                    r"gpu_preflight \d+\.\d+\.\d+\+[0-9a-f]{12} \(Python 3\.\d+\.\d+\)"]
         lines = err.splitlines()
         self.assertEqual(len(lines), len(expected), err)
         for line, pattern in zip(lines, expected):
@@ -933,7 +933,7 @@ class TestPythonCheck(InstallTestCase):
         self.assertIn("installed: %s (python3: %s)\n" % (self.target, SYSTEM_PYTHON), err)
         proc = self.run_as_nobody(["--version"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+ \(Python 3\.")
+        self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+\+[0-9a-f]{12} \(Python 3\.")
 
     def test_root_refuses_a_python_others_cannot_run(self):
         """With no system python3, the private one found on PATH is refused
