@@ -1136,6 +1136,26 @@ class TestInstallShStatic(unittest.TestCase):
         self.assertEqual(lines[-1], 'main "$@"')
         self.assertTrue(text.endswith('main "$@"\n'))
 
+    def test_each_function_names_its_own_variables_with_its_own_prefix(self):
+        """POSIX sh has no local: a function's own variables are _xx_name, xx
+        its alone, so a call never overwrites its caller's (install.sh says so
+        once, at the top); what functions share is UPPERCASE."""
+        with open(INSTALL_SH) as f:
+            text = f.read()
+        owner = {}
+        for name, body in re.findall(r"^(\w+)\(\) \{\n(.*?)^\}$", text, re.M | re.S):
+            own = set(re.findall(r"(?<![\w$])(_[a-z0-9_]*)=", body)
+                      + re.findall(r"\bfor (_\w+) in", body)
+                      + [v for line in re.findall(r"\bread -r ([\w ]+)", body)
+                         for v in line.split() if v != "_"])
+            for variable in sorted(own):
+                with self.subTest(function=name, variable=variable):
+                    match = re.match(r"^_([a-z]+)_[a-z0-9_]+$", variable)
+                    self.assertTrue(match, "not _xx_name")
+                    self.assertEqual(owner.setdefault(match.group(1), name), name,
+                                     "the prefix of another function")
+        self.assertGreater(len(owner), 10)
+
 
 if __name__ == "__main__":
     unittest.main()
