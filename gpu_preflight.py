@@ -53,6 +53,8 @@ The file, top to bottom, one section each:
   files            what root reads or writes, trusted and bounded; exceptions
 """
 
+#: The release, raised by hand when one is made; --version adds the file's
+#: git blob id to tell copies apart (see blob_id()).
 __version__ = "0.1.0"
 
 import argparse
@@ -3720,10 +3722,33 @@ def build_parser(run="python3 gpu_preflight.py"):
     parser.add_argument_group("configuration").add_argument(
         "--config", metavar="PATH", help="config file (default %s when it exists; or "
         "GPU_PREFLIGHT_CONFIG)" % DEFAULT_CONFIG)
-    parser.add_argument("--version", action="version",
-                        version="%s %s (Python %s)" % (
-                            PROG, __version__, sys.version.split()[0]))
+    parser.add_argument("--version", action=_ShowVersion, nargs=0, help="show the "
+                        "version (X.Y.Z+ID, ID naming this copy of the file) and exit")
     return parser
+
+
+class _ShowVersion(argparse.Action):
+    """--version: the release, this copy's blob_id() and the Python. The file
+    is read and hashed only here: a run that checks does neither."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            with open(__file__, "rb") as handle:
+                copy = blob_id(handle.read())
+        except OSError:
+            copy = "unknown"
+        emit("stdout", "%s %s+%s (Python %s)\n" % (
+            PROG, __version__, copy, sys.version.split()[0]))
+        parser.exit()
+
+
+def blob_id(source):
+    """The first 12 hex digits of git's id for a file of these bytes (what git
+    hash-object prints), its #! line read as the repository's, which packagers
+    rewrite (git-filter-repo's --version hashes its own file the same way)."""
+    import hashlib              # only here: importing it costs 2 ms
+    source = re.sub(br"\A#![^\n]*", b"#!/usr/bin/env python3", source)
+    return hashlib.sha1(b"blob %d\0" % len(source) + source).hexdigest()[:12]
 
 
 def invoked_as(argv0):

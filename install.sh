@@ -1,72 +1,18 @@
 #!/bin/sh
 # shellcheck shell=sh
 #
-# install.sh - install gpu_preflight on this host, in its fast layout.
+# install.sh - install the gpu_preflight.py beside it in its fast layout: the
+# module with its bytecode cache in PREFIX/lib/gpu_preflight, a launcher that
+# runs it in PREFIX/bin, an example config in SYSCONFDIR unless one exists.
 #
-# The gpu_preflight.py that sits next to this script goes to
-#   ${DESTDIR}${PREFIX}/lib/gpu_preflight/gpu_preflight.py   (0644)
-# with its bytecode cache beside it (__pycache__/gpu_preflight.TAG.pyc, written
-# by the python3 this script checked), and a launcher of a few lines goes to
-#   ${DESTDIR}${PREFIX}/bin/gpu_preflight                     (0755)
-# whose #! line names that interpreter: --python, else the system's
-# /usr/bin/python3, else /usr/local/bin/python3, else python3 on PATH (the
-# first that is Python 3.6+; a PATH entry that is not absolute is skipped).
-# Run as root, it runs no candidate that another user could have changed, and
-# refuses one that other users cannot run (a directory on its way, link by
-# link, closed to them, such as a pyenv under /root; or, where setpriv can
-# tell, one that fails to start as user nobody), or only warns when --python
-# (or --no-python-check, where nothing is run) names it. Each run loads the
-# cached bytecode instead of compiling 2,500 lines. The launcher passes the
-# process start time to main(), so --deadline still counts from process
-# start. If no config file exists yet, an example goes to
-# ${DESTDIR}${SYSCONFDIR}/gpu_preflight.conf (0644); an existing config is
-# never touched.
+#   sudo sh install.sh [--prefix DIR] [--dry-run] [--uninstall] [OPTION ...]
 #
-# The cache is written with the final path (without DESTDIR) as its source
-# name, and on Python 3.7+ as a checked-hash pyc: it stays valid when a
-# package manager changes the files' timestamps. Python 3.6 has only
-# timestamp pycs: if a packager changes the module's mtime, the first run as
-# root rewrites the cache. After the interpreter itself is upgraded (a new
-# cache tag), run install.sh again. __pycache__ is made 0755 even under
-# --no-python-check: a first run would create it with its own umask.
-#
-# The script is idempotent: what is already in place, owned by this user with
-# the right mode, is left alone ("unchanged"); anything else is replaced
-# atomically (written to a temporary name in the same directory, then renamed
-# over), a new module only once it compiled. An older install that put
-# the whole script in bin/ is replaced by the launcher. It reports a line per
-# file (installed, updated, unchanged, kept) on stderr; with --verbose also
-# every command that changes something, as "+ command". --dry-run prints
-# those commands instead of running them, and its "+ " lines, with that
-# prefix cut, replay as a shell script.
-#
-# Usage:
-#   sh install.sh [--prefix DIR] [--sysconfdir DIR] [--destdir DIR]
-#                 [--python PATH [--no-python-check]] [--no-config]
-#                 [--dry-run] [--verbose] [--quiet]
-#   sh install.sh --uninstall [--prefix DIR] [--destdir DIR]
-#   sh install.sh --help
-#
-# Environment (a command-line flag wins over the variable):
-#   PREFIX      installation prefix (default /usr/local)
-#   SYSCONFDIR  directory for gpu_preflight.conf (default /etc)
-#   DESTDIR     staging root prepended to every path, for packaging
-#               (default empty: install into the live system)
-#
-# Examples:
-#   sudo sh install.sh                        # /usr/local/bin/gpu_preflight
-#   sh install.sh --prefix "$HOME/.local" --sysconfdir "$HOME/.config"
-#   sh install.sh --dry-run                   # show what would be done
-#   DESTDIR="$pkgdir" PREFIX=/usr sh install.sh --python /usr/bin/python3
-#   sudo sh install.sh --uninstall            # keeps /etc/gpu_preflight.conf
-#
-# If a SHA256SUMS file sits next to this script, the gpu_preflight.py line in
-# it is checked with sha256sum -c before anything is installed.
-#
-# Exit status: 0 success, 1 error, 2 usage error.
-#
-# All logic is in functions and the last line calls main, so a truncated
-# download of this file runs nothing.
+# Every option: usage() below, or sh install.sh --help. What it refuses as
+# root, and why: README.md, "Install, in detail". MIT License (see LICENSE).
+
+# POSIX sh has no `local`: every variable is global. A function's own start
+# with _ and a prefix no other function uses (_fp_ in find_python), so a call
+# never overwrites its caller's; what functions share is UPPERCASE.
 
 set -eu
 
@@ -89,8 +35,8 @@ main() {
     trap cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
-    for _cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed id readlink; do
-        need_cmd "$_cmd"
+    for _mn_cmd in install cmp mv rm rmdir chmod cat ls dirname grep sed id readlink; do
+        need_cmd "$_mn_cmd"
     done
     if [ "$DRY_RUN" = 1 ]; then
         say "dry run: nothing will be changed"
@@ -109,9 +55,9 @@ main() {
     if [ -z "$DESTDIR" ] && [ "$(id -u)" = 0 ]; then
         check_trust
     fi
-    for _path in "$TARGET" "$MODULE" "$PYC"; do # mv -f would move into it
-        if [ -d "$_path" ]; then
-            err "$_path is a directory (or a link to one); remove it first"
+    for _mn_path in "$TARGET" "$MODULE" "$PYC"; do # mv -f would move into it
+        if [ -d "$_mn_path" ]; then
+            err "$_mn_path is a directory (or a link to one); remove it first"
         fi
     done
     install_module
@@ -154,6 +100,7 @@ Options:
   -h, --help          show this help and exit
 
 Environment: PREFIX, SYSCONFDIR, DESTDIR (flags take precedence).
+A SHA256SUMS file next to install.sh is checked (sha256sum -c) first.
 Exit status: 0 success, 1 error, 2 usage error.
 EOF
 }
@@ -209,7 +156,7 @@ set_option() {
     esac
 }
 
-# Validate PREFIX, SYSCONFDIR and DESTDIR; derive every path from them.
+# Validate PREFIX and SYSCONFDIR; derive every path from them and DESTDIR.
 resolve_paths() {
     case $PREFIX in
         /*) ;;
@@ -220,7 +167,7 @@ resolve_paths() {
         *) usage_err "SYSCONFDIR must be an absolute path, got '$SYSCONFDIR'" ;;
     esac
     # PREFIX goes into the launcher as a Python string: printable ASCII only
-    # (a carriage return or a byte that is not UTF-8 makes it unreadable)
+    # (a carriage return or a byte that is not UTF-8 makes it unreadable).
     if ! (LC_ALL=C && case $PREFIX in *[\"\\]* | *[![:print:]]*) exit 1 ;; esac); then
         usage_err "PREFIX must not contain a quote, a backslash or a character that is not printable ASCII"
     fi
@@ -270,11 +217,12 @@ verify_checksum() {
 }
 
 # Set PYTHON to the absolute path of the interpreter the launcher names, PYC
-# to the cache file it reads (empty under --no-python-check), and PY_PATHS to
-# where it runs code from: its real path, its standard library,
-# site-packages. Without --python the system's python3 comes first: the one on
-# PATH may be a pyenv, conda or virtual environment of one user. Root runs a
-# candidate only once no other user could have changed it.
+# to the cache file it reads (empty under --no-python-check), HASHED to 1
+# where that is a checked-hash pyc, and PY_PATHS to where it runs code from:
+# its real path, its standard library, site-packages. Without --python the
+# system's python3 comes first: the one on PATH may be a pyenv, conda or
+# virtual environment of one user. Root runs a candidate only once no other
+# user could have changed it.
 find_python() {
     PYC=
     HASHED=0
@@ -318,10 +266,10 @@ find_python() {
             python_hint "python3 not found (not in /usr/bin, /usr/local/bin or on PATH)"
         fi
     fi
-    PYTHON=$(printf '%s\n' "$_fp_info" | sed -n 1p)
-    PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$_fp_info" | sed -n 2p).pyc"
-    HASHED=$(printf '%s\n' "$_fp_info" | sed -n 3p)
-    PY_PATHS=$(printf '%s\n' "$_fp_info" | sed -n '4,$p')
+    PYTHON=$(printf '%s\n' "$PY_INFO" | sed -n 1p)
+    PYC="${CACHEDIR}/gpu_preflight.$(printf '%s\n' "$PY_INFO" | sed -n 2p).pyc"
+    HASHED=$(printf '%s\n' "$PY_INFO" | sed -n 3p)
+    PY_PATHS=$(printf '%s\n' "$PY_INFO" | sed -n '4,$p')
     check_shebang "$PYTHON"
     if [ "$PYTHON" != "$_fp_found" ]; then # a wrapper's: root compiles with it
         trust_to_run "$PYTHON"
@@ -368,11 +316,11 @@ EOF
     check_trusted "$(printf '%s\n' "$_tt_walk" | sed -n '$p')" "the interpreter $1"
 }
 
-# probe_python PATH: true when PATH runs Python 3.6 or newer; _fp_info is
+# probe_python PATH: true when PATH runs Python 3.6 or newer; PY_INFO is
 # then what find_python reads. sys.executable, not PATH: a pyenv shim or a
 # wrapper script could later pick an interpreter the cache does not match.
 probe_python() {
-    _fp_info=$("$1" -I -c 'import os, site, sys
+    PY_INFO=$("$1" -I -c 'import os, site, sys
 if sys.version_info >= (3, 6):
     print(sys.executable)
     print(sys.implementation.cache_tag)
@@ -380,7 +328,7 @@ if sys.version_info >= (3, 6):
     print(os.path.realpath(sys.executable))
     print(os.path.dirname(os.__file__))
     print("\n".join(getattr(site, "getsitepackages", list)()))' 2>/dev/null </dev/null) \
-        && [ -n "$_fp_info" ]
+        && [ -n "$PY_INFO" ]
 }
 
 too_old() {
@@ -533,8 +481,9 @@ python_hint() {
 # The module and its bytecode cache, written by the launcher's interpreter as
 # Python itself would (same file name, same invalidation check) but naming the
 # final path as its source. A new module is compiled in a staging directory
-# beside it first: a source that does not compile replaces nothing. Any cache
-# another interpreter (or -O) left is removed.
+# beside it first: a source that does not compile replaces nothing. A cache
+# another interpreter (or -O) left is removed, unless --no-python-check finds
+# the module unchanged.
 install_module() {
     _im_same=0
     if own_file "$MODULE" -rw-r--r-- && cmp -s "$SOURCE" "$MODULE"; then
@@ -582,7 +531,10 @@ install_module() {
     fi
 }
 
-# compile FILE: write the cache of FILE into the __pycache__ beside it.
+# compile FILE: write the cache of FILE into the __pycache__ beside it. On
+# Python 3.7+ it is a checked-hash pyc, valid whatever a package manager does
+# to timestamps; 3.6 has only timestamp pycs, which the first run as root
+# rewrites if the module's mtime changed.
 compile() {
     if [ "$HASHED" = 1 ]; then
         run "$PYTHON" -I -m compileall -q -f -d "$LIB" --invalidation-mode checked-hash "$1"
@@ -614,6 +566,7 @@ sys.exit(code != compile(source, final, "exec", dont_inherit=True)
         >/dev/null 2>&1 </dev/null
 }
 
+# The launcher; it also replaces an older install's whole script in bin/.
 install_launcher() {
     _il_text=$(launcher)
     if own_file "$TARGET" -rwxr-xr-x && printf '%s\n' "$_il_text" | cmp -s - "$TARGET"; then
@@ -633,6 +586,7 @@ install_launcher() {
 
 # The command: the module, imported from its cache by the interpreter that
 # wrote it (-I: no PYTHON* variables, no user site, no script dir on sys.path).
+# process_started(): --deadline counts from process start, as for the script.
 launcher() {
     cat <<EOF
 #!$PYTHON -I
@@ -778,22 +732,18 @@ run() {
     fi
 }
 
-# put FILE MODE TEXT, or put FILE MODE --from SOURCE: write TEXT (shown as a
-# here-document) or install a copy of SOURCE as FILE, atomically: written to
-# a temporary name beside FILE, then renamed over it.
+# put FILE MODE TEXT: write TEXT (shown as a here-document) as FILE with
+# MODE, atomically: written to a temporary name beside FILE, then renamed
+# over it.
 put() {
     TMP="${1%/*}/.${1##*/}.tmp.$$"
-    if [ "$3" = --from ]; then
-        run install -m "$2" "$4" "$TMP"
-    else
-        show "cat > $(quote "$TMP") <<'EOF'
+    show "cat > $(quote "$TMP") <<'EOF'
 $3
 EOF"
-        if [ "$DRY_RUN" = 0 ] && ! printf '%s\n' "$3" >"$TMP"; then
-            err "cannot write $TMP"
-        fi
-        run chmod "$2" "$TMP"
+    if [ "$DRY_RUN" = 0 ] && ! printf '%s\n' "$3" >"$TMP"; then
+        err "cannot write $TMP"
     fi
+    run chmod "$2" "$TMP"
     run mv -f "$TMP" "$1"
     TMP=
 }
@@ -834,10 +784,10 @@ own_file() {
     [ -f "$1" ] && [ ! -L "$1" ] && [ -O "$1" ] && [ "$(file_mode "$1")" = "$2" ]
 }
 
-# file_mode FILE: its permission string as ls -lL shows it (-rw-r--r--).
+# file_mode FILE: its permission string as ls -ldL shows it (-rw-r--r--).
 file_mode() {
-    _fm=$(ls -ldL "$1")
-    printf '%.10s' "$_fm" # without the "." or "+" of an SELinux label or ACL
+    _fm_line=$(ls -ldL "$1")
+    printf '%.10s' "$_fm_line" # without the "." or "+" of an SELinux label or ACL
 }
 
 # install_word FILE: "install" for a new file, "update" for a replaced one.
@@ -952,11 +902,12 @@ untrusted() {
         "  Fix: $2, or choose another place (--prefix DIR, --python PATH)."
 }
 
-# Remove a temporary file left behind by an interrupted or failed run.
+# Remove the temporary file or directory an interrupted or failed run left.
 cleanup() {
     if [ "$DRY_RUN" = 0 ] && [ -n "${TMP:-}" ] && [ -e "$TMP" ]; then
         rm -rf "$TMP"
     fi
 }
 
+# main runs on the last line, so a truncated download of this file runs nothing.
 main "$@"

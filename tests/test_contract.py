@@ -819,6 +819,40 @@ class TerminalTest(ContractCase):
             "gpu_preflight: config file %s" % support.hermetic_dir()[1]])
 
 
+class VersionTest(unittest.TestCase):
+    def test_version_names_the_copy_by_its_git_blob_id(self):
+        """--version is X.Y.Z+ID, ID the first 12 digits of git hash-object of
+        the file run: a copy with one byte changed shows another ID, and a copy
+        whose #! line a packager rewrote shows the same one."""
+        git = support.require_tool(self, "git")
+        work = tempfile.mkdtemp(prefix="gpfl-version-")
+        self.addCleanup(shutil.rmtree, work, True)
+        with open(support.SCRIPT, "rb") as handle:
+            source = handle.read()
+        changed = source.replace(b"can the GPU", b"can the gPU", 1)
+        self.assertNotEqual(changed, source)
+        packaged = b"#!/usr/bin/python3 -s" + source[source.index(b"\n"):]
+        said = {}
+        for name, text in (("source", source), ("changed", changed), ("packaged", packaged)):
+            path = os.path.join(work, name, "gpu_preflight.py")
+            os.mkdir(os.path.dirname(path))
+            with open(path, "wb") as handle:
+                handle.write(text)
+            proc = subprocess.run([sys.executable, path, "--version"], env=support.cron_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/")
+            self.assertEqual((proc.returncode, proc.stderr), (0, b""))
+            match = re.match(r"gpu_preflight \d+\.\d+\.\d+\+([0-9a-f]{12}) \(Python %s\)\n\Z"
+                             % re.escape(sys.version.split()[0]), proc.stdout.decode("ascii"))
+            self.assertTrue(match, proc.stdout)
+            said[name] = match.group(1)
+            if name != "packaged":
+                blob = subprocess.run([git, "hash-object", "--no-filters", path],
+                                      stdout=subprocess.PIPE, cwd=work, check=True)
+                self.assertEqual(said[name], blob.stdout.decode("ascii")[:12], name)
+        self.assertNotEqual(said["changed"], said["source"])
+        self.assertEqual(said["packaged"], said["source"])
+
+
 class InternalErrorTest(unittest.TestCase):
     """A bug is 70 with one line; the traceback only with --debug."""
 

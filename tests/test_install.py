@@ -382,7 +382,7 @@ class TestInstall(InstallTestCase):
                     re.escape("installed: %s/gpu_preflight." % self.cachedir) + r"\S+\.pyc",
                     re.escape("installed: %s (python3: " % self.target) + r"/\S+\)",
                     re.escape("installed: %s (example, all commented out)" % config),
-                    r"gpu_preflight \d+\.\d+\.\d+ \(Python 3\.\d+\.\d+\)"]
+                    r"gpu_preflight \d+\.\d+\.\d+\+[0-9a-f]{12} \(Python 3\.\d+\.\d+\)"]
         lines = err.splitlines()
         self.assertEqual(len(lines), len(expected), err)
         for line, pattern in zip(lines, expected):
@@ -677,6 +677,10 @@ class TestInstalledCommand(InstallTestCase):
         self.assertEqual((version.returncode, version.stderr), (0, ""))
         self.assertEqual(version.stdout.split()[:1], ["gpu_preflight"])
         self.assertIn("Python %d.%d.%d" % sys.version_info[:3], version.stdout)
+        source = subprocess.run([sys.executable, SCRIPT, "--version"], env=support.cron_env(),
+                                stdout=subprocess.PIPE, universal_newlines=True)
+        self.assertRegex(source.stdout, r"^gpu_preflight \S+\+[0-9a-f]{12} ")
+        self.assertEqual(version.stdout, source.stdout, "the installed copy is another")
         self.assertEqual(check.returncode, 0, check.stderr)
         doc = json.loads(check.stdout)
         self.assertEqual((doc["exit_code"], doc["result"]), (0, "ready"))
@@ -929,7 +933,7 @@ class TestPythonCheck(InstallTestCase):
         self.assertIn("installed: %s (python3: %s)\n" % (self.target, SYSTEM_PYTHON), err)
         proc = self.run_as_nobody(["--version"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+ \(Python 3\.")
+        self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+\+[0-9a-f]{12} \(Python 3\.")
 
     def test_root_refuses_a_python_others_cannot_run(self):
         """With no system python3, the private one found on PATH is refused
@@ -1131,6 +1135,26 @@ class TestInstallShStatic(unittest.TestCase):
         # A truncated download must run nothing: main is called last.
         self.assertEqual(lines[-1], 'main "$@"')
         self.assertTrue(text.endswith('main "$@"\n'))
+
+    def test_each_function_names_its_own_variables_with_its_own_prefix(self):
+        """POSIX sh has no local: a function's own variables are _xx_name, xx
+        its alone, so a call never overwrites its caller's (install.sh says so
+        once, at the top); what functions share is UPPERCASE."""
+        with open(INSTALL_SH) as f:
+            text = f.read()
+        owner = {}
+        for name, body in re.findall(r"^(\w+)\(\) \{\n(.*?)^\}$", text, re.M | re.S):
+            own = set(re.findall(r"(?<![\w$])(_[a-z0-9_]*)=", body)
+                      + re.findall(r"\bfor (_\w+) in", body)
+                      + [v for line in re.findall(r"\bread -r ([\w ]+)", body)
+                         for v in line.split() if v != "_"])
+            for variable in sorted(own):
+                with self.subTest(function=name, variable=variable):
+                    match = re.match(r"^_([a-z]+)_[a-z0-9_]+$", variable)
+                    self.assertTrue(match, "not _xx_name")
+                    self.assertEqual(owner.setdefault(match.group(1), name), name,
+                                     "the prefix of another function")
+        self.assertGreater(len(owner), 10)
 
 
 if __name__ == "__main__":

@@ -1033,7 +1033,30 @@ class MainInProcessTest(unittest.TestCase):
     def test_version_returns_0(self):
         code, out, err = quietly(gp.main, ["--version"])
         self.assertEqual(code, 0)
-        self.assertRegex(out, r"^gpu_preflight \d+\.\d+\.\d+ \(Python 3\.\d+")
+        self.assertRegex(out, r"^gpu_preflight \d+\.\d+\.\d+\+[0-9a-f]{12} \(Python 3\.\d+")
+
+    def test_version_of_a_file_it_cannot_read_says_unknown(self):
+        """The module's own file unreadable: --version still answers, and says so."""
+        work = tempfile.mkdtemp(prefix="gpfl-gone-")
+        self.addCleanup(shutil.rmtree, work, True)
+        with mock.patch.object(gp, "__file__", os.path.join(work, "gpu_preflight.py")):
+            code, out, err = quietly(gp.main, ["--version"])
+        self.assertEqual((code, err), (0, ""))
+        self.assertRegex(out, r"^gpu_preflight \d+\.\d+\.\d+\+unknown \(Python 3\.\d+")
+
+
+class BlobIdTest(unittest.TestCase):
+    def test_git_blob_ids_with_the_shebang_read_as_the_repositorys(self):
+        """blob_id() is git hash-object's id, cut to 12 digits (the first two
+        from git's t1007-hash-object.sh, the others from git hash-object)."""
+        for source, expected in (
+                (b"", "e69de29bb2d1"),
+                (b"Hello World", "5e1c309dae7f"),
+                (b"#!/usr/bin/env python3\nx = 1\n", "8af06f846d4c"),
+                (b"#!/usr/bin/python3.11 -s\nx = 1\n", "8af06f846d4c"),  # a packager's
+                (b"x = 1\n#!/usr/bin/python3\n", "6b7afe140bf3")):       # not a #! line
+            with self.subTest(source=source):
+                self.assertEqual(gp.blob_id(source), expected)
 
     def test_import_leaves_signals_and_threads_alone(self):
         import signal
