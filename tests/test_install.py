@@ -255,16 +255,18 @@ class InstallTestCase(unittest.TestCase):
             stderr=subprocess.PIPE, universal_newlines=True, env=support.cron_env(),
             cwd="/", timeout=60)
 
-    def private_python(self, target=sys.executable):
+    def private_python(self, target=None):
         """A python3 only root can reach, as a pyenv under /root (mode 0700)
-        is: a link to target (the interpreter running the tests) in a
+        is: a link to target (the interpreter running the tests, by its real
+        name: /usr/bin/python3 is a link that hide_system_python hides) in a
         directory of mode 0700 (the test's own directory opened, so that this
         one is what keeps others out). Its directory."""
         os.chmod(self.tmp, 0o755)
         private = os.path.join(self.tmp, "private")
         os.mkdir(private)
         os.chmod(private, 0o700)
-        os.symlink(target, os.path.join(private, "python3"))
+        os.symlink(target or os.path.realpath(sys.executable),
+                   os.path.join(private, "python3"))
         return private
 
     def nobodys_python3(self, dirname):
