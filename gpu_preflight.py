@@ -2028,6 +2028,13 @@ NVML_VALUE_NOT_AVAILABLE = -1
 
 #: nvmlMemory_v2_t's version: NVML_STRUCT_VERSION(Memory, 2) = sizeof | 2 << 24.
 NVML_MEMORY_V2 = 0x02000028
+#: The values passed to NVML: the GPU's own temperature sensor, uncorrected
+#: ECC errors counted since the driver loaded (volatile), MIG mode on.
+NVML_TEMPERATURE_GPU, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 0, 1, 0
+NVML_DEVICE_MIG_ENABLE = 1
+#: The buffer of every string NVML writes: the largest it asks for (name and
+#: UUID 96 bytes, the driver version 80).
+NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96
 #: nvmlGpuFabricInfo_v3_t's and _v2_t's (v3 adds a last field, so one ctypes
 #: class serves both; drivers that know only v2 refuse v3's version).
 NVML_GPU_FABRIC_INFO_V3, NVML_GPU_FABRIC_INFO_V2 = 0x03000028, 0x02000024
@@ -2120,8 +2127,9 @@ def nvml_snapshot(path, cuda):
         code = nvml.call("nvmlDeviceGetCount_v2", ctypes.byref(count))
         if code:
             return {"nvml_error": code, "text": nvml.error(code)}
-        driver = ctypes.create_string_buffer(96)
-        nvml.call("nvmlSystemGetDriverVersion", driver, ctypes.c_uint(96))
+        size = NVML_DEVICE_NAME_V2_BUFFER_SIZE
+        driver = ctypes.create_string_buffer(size)
+        nvml.call("nvmlSystemGetDriverVersion", driver, ctypes.c_uint(size))
         doc = {"driver": driver.value.decode("ascii", "replace") or None,
                "library": nvml.path,
                "gpus": [gpu for index in range(count.value) for gpu in nvml.device(index)]}
@@ -2239,8 +2247,9 @@ class Nvml(object):
                                        .decode("ascii", "replace"), code)
 
     def text(self, function, handle):
-        buf = self.c.create_string_buffer(96)
-        ok = self.call(function, handle, buf, self.c.c_uint(96)) == 0
+        buf = self.c.create_string_buffer(NVML_DEVICE_NAME_V2_BUFFER_SIZE)
+        ok = self.call(function, handle, buf,
+                       self.c.c_uint(NVML_DEVICE_NAME_V2_BUFFER_SIZE)) == 0
         return buf.value.decode("utf-8", "replace") if ok else None
 
     def uint(self, function, handle, *args):
@@ -2264,7 +2273,8 @@ class Nvml(object):
         util = (c.c_uint * 2)()
         if self.call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
             gpu["util_pct"] = util[0]
-        gpu["temp_c"] = self.uint("nvmlDeviceGetTemperature", handle, c.c_int(0))
+        gpu["temp_c"] = self.uint("nvmlDeviceGetTemperature", handle,
+                                  c.c_int(NVML_TEMPERATURE_GPU))
         self.health(handle, gpu)
         return [gpu] + self.mig_devices(handle, gpu)
 
@@ -2272,7 +2282,7 @@ class Nvml(object):
         """The MIG devices of a GPU in MIG mode, each judged by its own figures."""
         c, mode, pending = self.c, self.c.c_uint(0), self.c.c_uint(0)
         if self.call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
-            gpu["mig"] = mode.value == 1
+            gpu["mig"] = mode.value == NVML_DEVICE_MIG_ENABLE
         found = []
         for slot in range(self.uint("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
                           if gpu["mig"] else 0):
@@ -2321,14 +2331,15 @@ class Nvml(object):
         """nvml_health() of the figures this GPU reports (None: unsupported),
         then the driver's own word: its recovery action and fabric state."""
         c, rows = self.c, [self.c.c_uint(0) for _ in range(4)]
-        ecc = c.c_ulonglong(0)      # uncorrected (1), since the driver loaded (0)
+        ecc = c.c_ulonglong(0)
         remapped = self.call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0
         gpu["health"] = nvml_health(
             rows[2].value if remapped else None,        # pending
             rows[3].value if remapped else None,        # failed
             self.uint("nvmlDeviceGetRetiredPagesPendingStatus", handle),
-            ecc.value if self.call("nvmlDeviceGetTotalEccErrors", handle, c.c_int(1),
-                                   c.c_int(0), c.byref(ecc)) == 0 else None)
+            ecc.value if self.call(
+                "nvmlDeviceGetTotalEccErrors", handle, c.c_int(NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                c.c_int(NVML_VOLATILE_ECC), c.byref(ecc)) == 0 else None)
         FabricInfo, FieldValue = self.structs[4:]
         field = FieldValue(fieldId=NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
         code = self.call("nvmlDeviceGetFieldValues", handle, c.c_int(1), c.byref(field))
@@ -2762,9 +2773,9 @@ class Shared(object):
         """Record this run, release the flight lock; returns the skip count."""
         state = dict(self.previous)
         if checked(run):
-            state.update(streak=self.streak, time=time.time(), code=run.code, stage=run.stage, cut=run.cut,
-                         reason=redact(run.reason), model=redact(run.model or ""),
-                         pid=os.getpid(),
+            state.update(streak=self.streak, time=time.time(), code=run.code,
+                         stage=run.stage, cut=run.cut, reason=redact(run.reason),
+                         model=redact(run.model or ""), pid=os.getpid(),
                          skips=0 if run.code == EX_OK else state.get("skips", 0) + 1)
         aside = run.stage in NOT_A_CHECK
         if aside and not run.unchanged:
