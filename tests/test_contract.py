@@ -607,7 +607,7 @@ class TimeBoundTest(ContractCase):
             ["--host", emu.url, "--timeout", "5", "--deadline", "1",
              "--syslog-address", "collector.example:514"])
         self.assertTrue(asked, "the resolver was not asked")
-        # the line could not reach the collector: stderr has it (issue 13.4)
+        # the line could not reach the collector: stderr has it
         self.assertEqual((res.code, res.stdout), (75, ""), res)
         self.assertIn("result=skip code=75", res.stderr)
         # the lookup ran beside the checks and got what was left: nothing

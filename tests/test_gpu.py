@@ -308,7 +308,7 @@ class NvmlTest(GpuCase):
         self.assertEqual(doc["gpu"]["backend"], "amd-sysfs")
 
     def test_a_dead_nvidia_driver_beside_an_amd_igpu_is_69_never_the_igpu(self):
-        # issue 9.1: auto leaves NVIDIA for AMD only when no NVIDIA GPU is present
+        # auto leaves NVIDIA for AMD only when no NVIDIA GPU is present
         for mode, text in (("nodriver", "NVIDIA driver not loaded (NVML: Driver Not Loaded"),
                            ("mismatch", "versions differ (NVML: ")):
             for node in ("pci", "dev"):
@@ -623,7 +623,7 @@ class SmiTest(GpuCase):
         self.assertVerdict(res, doc, 75, "1 compute processes, limit 0")
 
     def test_lost_gpu_line_fails_need_all(self):
-        # issue 9.2: "...for GPU1: 0000:62:00.0: GPU is lost" is a selected GPU that failed
+        # "...for GPU1: 0000:62:00.0: GPU is lost" is a selected GPU that failed
         for form in ("index", "bus"):
             with self.subTest(form=form):
                 self.sink.messages(wait=0.01)
@@ -726,8 +726,8 @@ class SmiStatusTest(TrustCase):
 class SmiOutputTest(VerdictCase):
     def test_an_nvidia_smi_figure_too_large_for_a_float_is_not_70(self):
         """nvidia-smi printing a 400-digit memory.free (a broken driver or
-        wrapper). Seen: 70 "OverflowError: cannot convert float infinity to
-        integer" (parse_smi_csv: int(float(text)))."""
+        wrapper) is a verdict, not 70: int(float(text)) of it raises
+        OverflowError."""
         smi_dir = os.path.join(self.dir, "bin")
         os.makedirs(smi_dir)
         os.chmod(smi_dir, 0o755)
@@ -768,9 +768,9 @@ class ProbeHostTest(VerdictCase):
     closed, many descriptors open, SIGCHLD ignored, no /proc."""
 
     def test_the_gpu_probe_with_stdio_descriptors_closed(self):
-        """Started with two of 0, 1, 2 closed, os.pipe() returns two of them;
-        the forked probe then dup2()s /dev/null over its own write end. Seen:
-        69 "AMD sysfs probe died (exit 0)"."""
+        """Started with two of 0, 1, 2 closed, os.pipe() returns two of them:
+        the forked probe must not dup2() /dev/null over its own write end
+        (then "AMD sysfs probe died (exit 0)", 69); the run is ready."""
         url = self.scripted_server(support.ready_answer)
         env = support.cron_env(GPU_PREFLIGHT_ROOT=self.amd_root())
         for closed in ((0, 1), (1, 2), (0, 2)):
@@ -787,8 +787,8 @@ class ProbeHostTest(VerdictCase):
 
     def test_the_gpu_probe_with_more_than_1024_descriptors_open(self):
         """A parent that leaks descriptors (RLIMIT_NOFILE above 1024, as in
-        many containers). Seen: 70 "ValueError: filedescriptor out of range
-        in select()" for every GPU backend (collect() uses select.select)."""
+        many containers): the probe's output is read without select.select,
+        whose "filedescriptor out of range" would make every GPU backend 70."""
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if hard != resource.RLIM_INFINITY and hard < 1200:
             self.skipTest("RLIMIT_NOFILE hard limit %d < 1200" % hard)
@@ -808,9 +808,9 @@ class ProbeHostTest(VerdictCase):
 
     def test_nvidia_smi_with_sigchld_ignored(self):
         """A parent that ignores SIGCHLD (inherited across exec): children
-        are reaped by the kernel and waitpid() fails with ECHILD. Seen: 75
-        "GPU probe hung: nvidia-smi did not exit within 2.9s of its output
-        ending", at once and on every run."""
+        are reaped by the kernel and waitpid() fails with ECHILD, which must
+        not read as "GPU probe hung: nvidia-smi did not exit" (75 on every
+        run); the run is ready."""
         smi_dir = os.path.join(self.dir, "bin")
         fakes.write_fake_smi(smi_dir)
         os.chmod(smi_dir, 0o755)
@@ -822,9 +822,9 @@ class ProbeHostTest(VerdictCase):
         self.assertReady(res)
 
     def test_the_gpu_probe_without_proc(self):
-        """No /proc (a chroot, a minimal container). Seen: 69 "AMD sysfs
-        probe died (exit 70)": the forked child lists /proc/self/fd to close
-        descriptors, and that raises before it probes anything."""
+        """No /proc (a chroot, a minimal container): the forked child closes
+        its descriptors without listing /proc/self/fd (which would raise before
+        it probes anything: "AMD sysfs probe died (exit 70)", 69)."""
         unshare = support.require_tool(self, "unshare")
         if os.geteuid() != 0:
             self.skipTest("needs root to mount over /proc in a mount namespace")

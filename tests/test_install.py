@@ -1155,8 +1155,8 @@ class TestInstallPaths(InstallTestCase):
 
     def test_relative_destdir_installs_below_the_working_directory(self):
         # make DESTDIR=pkg install: a relative staging root with no slash
-        # sent check_writable's parent walk round forever ("pkg" -> "pkg");
-        # the second form runs only once the first no longer hangs
+        # must not send check_writable's parent walk round forever ("pkg" ->
+        # "pkg"); a hang fails the test (run_in's timeout)
         for args, env in (([], {"DESTDIR": "pkg"}), (["--destdir", "pkg"], {})):
             shutil.rmtree(os.path.join(self.tmp, "pkg"), ignore_errors=True)
             rc, err = self.run_in(self.tmp, args + ["--no-config"], timeout=20, **env)
@@ -1165,7 +1165,7 @@ class TestInstallPaths(InstallTestCase):
             self.assert_fast_layout()
 
     def test_a_directory_at_an_install_path_is_an_error(self):
-        # mv -f TMP DIR moves the file into DIR; install.sh said "installed"
+        # mv -f TMP DIR would move the file into DIR and report "installed"
         for name in ("launcher", "module"):
             with self.subTest(path=name):
                 shutil.rmtree(self.destdir)
@@ -1239,8 +1239,8 @@ class TestInstallIntegrity(InstallTestCase):
         self.assertRegex(proc.stdout, r"^gpu_preflight \d+\.\d+\.\d+")
 
     def test_a_failed_byte_compile_keeps_the_working_install(self):
-        # a truncated or broken gpu_preflight.py: the module was replaced
-        # before compileall failed, so the installed command stopped working
+        # a truncated or broken gpu_preflight.py: the installed module is
+        # replaced only once compileall has passed, so the command still works
         self.install_live()
         with open(self.source, "a") as f:
             f.write("\ndef broken(:\n")
@@ -1255,7 +1255,7 @@ class TestInstallIntegrity(InstallTestCase):
     def test_no_first_run_makes_a_cache_directory_others_can_write(self):
         # README's packager line: DESTDIR=... --no-python-check ships no
         # __pycache__; Python creates it on the first run as root with mode
-        # 0777 & ~umask, so a run under umask 000 made it world-writable and
+        # 0777 & ~umask: under umask 000 it must not be world-writable, or
         # any user could rename an unchecked-hash pyc over root's cache
         final = os.path.join(self.tmp, "final")
         stage = os.path.join(self.tmp, "stage")
@@ -1276,9 +1276,10 @@ class TestInstallIntegrity(InstallTestCase):
                                  "%s is writable by group or others" % path)
 
     def test_a_second_install_repairs_modes_and_owners(self):
-        # "unchanged" looked at the module's mode only: a world-writable
-        # launcher, cache or cache directory, or a module another user owns,
-        # stayed so, though running install.sh again is how one repairs it
+        # "unchanged" is judged by every file's mode and owner, not the
+        # module's mode only: running install.sh again is how one repairs a
+        # world-writable launcher, cache or cache directory, or a module
+        # another user owns
         self.install_live()
         os.chmod(self.target, 0o777)
         os.chmod(self.pyc, 0o666)
@@ -1350,7 +1351,7 @@ sys.exit(code)
 """
 
 
-#: Module families a run that sends nothing must not load (issue 14): the
+#: Module families a run that sends nothing must not load: the
 #: HTTP client and what it pulls in, hashing, the INI parser, ctypes.
 NETWORK = ("urllib", "http", "ssl", "_ssl", "email")
 HASHING = ("hashlib", "_hashlib")
@@ -1432,7 +1433,7 @@ class TestLazyImports(unittest.TestCase):
         self.assert_none_of(modules, NETWORK, HASHING, CONFIGPARSER, CTYPES)
 
     def test_a_reused_verdict_loads_nothing_extra(self):
-        # state_key() imports hashlib for the token's digest even without one
+        # without a token, state_key() takes no digest: no hashlib
         self.assert_none_of(self.reused(), NETWORK, HASHING, CONFIGPARSER, CTYPES)
 
     def test_a_reused_verdict_with_the_example_config_loads_no_configparser(self):
@@ -1444,7 +1445,7 @@ class TestLazyImports(unittest.TestCase):
 
     def test_a_reused_verdict_with_a_token_loads_no_urllib(self):
         # hashlib is fair (the token's digest names the state); add_secret()
-        # imports urllib.parse for the percent-encoded forms of the token
+        # makes the percent-encoded forms of the token without urllib.parse
         modules = self.reused(env={"GPU_PREFLIGHT_TOKEN": "s3cret-token-value"})
         self.assert_none_of(modules, NETWORK, CONFIGPARSER, CTYPES)
 

@@ -79,7 +79,7 @@ class RunTheJobTest(JobCase):
         self.assertEqual(res.code, 7, res)
 
     def test_the_job_does_not_inherit_the_token(self):
-        # issue 9.10: a secret goes no further than it must
+        # a secret goes no further than it must
         emu = self.emulator()
         out = self.path("env")
         env = support.cron_env(GPU_PREFLIGHT_TOKEN="gpfl-secret-token-1234",
@@ -268,7 +268,7 @@ class LockTest(JobCase):
 
 
     def test_a_lock_conflict_never_hides_the_next_real_verdict(self):
-        # issue 9.4: verdicts that say nothing about the service (a lock held)
+        # verdicts that say nothing about the service (a lock held)
         # are compared only with each other, never with the service's
         emu = self.emulator()
         lock = self.path("gpu.lock")

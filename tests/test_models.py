@@ -1,4 +1,4 @@
-"""Issue 11: several models, embedding models and capabilities, proven together.
+"""Several models, embedding models and capabilities, proven together.
 
 The real script as a subprocess in cron's environment (support.run_script,
 a real syslog socket) against the Ollama emulator (tests/ollama_emu.py:
@@ -1163,8 +1163,8 @@ class ReportTest(ModelsCase):
 
     def test_default_model_loaded_under_another_case_is_warmed(self):
         """No --model: the model already loaded is chosen; /api/ps naming it
-        QWEN3:LATEST (as /api/tags says qwen3:latest) is the same model, as it
-        was before issue 11, not an internal error (70, StopIteration)."""
+        QWEN3:LATEST (as /api/tags says qwen3:latest) is the same model, not
+        an internal error (70, StopIteration)."""
         emu = self.start(CaseOfPs, Model("qwen3:latest"), loaded=("qwen3:latest",))
         res = self.check(emu.url)
         self.verdict(res, 0)
@@ -1177,8 +1177,8 @@ class ReportTest(ModelsCase):
         self.verdict(res, 75, "llama3.2", "unable to allocate")
 
     def test_json_gives_each_model_its_reason(self):
-        """--json "models": the evicted model's entry says why (the issue's
-        entry fields include reason); an empty reason is what a fine model has."""
+        """--json "models": the evicted model's entry says why (each entry has
+        a reason field); an empty reason is what a fine model has."""
         emu = self.ollama(qwen(), nomic(), max_loaded=1)
         res = self.check(emu.url, "--model", "qwen3", "--model", "nomic-embed-text", "--json")
         self.assertEqual(res.code, 75, res)

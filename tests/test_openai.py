@@ -268,7 +268,7 @@ class TokenTest(OpenAICase):
             self.assertNotIn(TOKEN, shown)
 
     def test_an_echoed_token_never_shows_a_piece_of_itself(self):
-        # issue 9.8 and 9.9: redaction comes before any cut or escaping, and
+        # redaction comes before any cut or escaping, and
         # covers every 8 characters of the token, in every output and the state
         tokens = ('q"uo\\te=' * 40)[:300], 'ab"cd\\ef=gh' * 3, "Z" * 7 + '"x\\=' * 60
         for token in tokens:
@@ -371,7 +371,7 @@ class TLSTest(OpenAICase):
             self.assertEqual(fields["problem"], "TLS certificates not verified (--insecure)")
 
     def test_an_insecure_verdict_is_not_shared_with_a_run_that_verifies(self):
-        # issue 9.3: --insecure, --cafile and --api define the check
+        # --insecure, --cafile and --api define the check
         proxy, backend = self.proxy(self.ca["other_cert"], self.ca["other_key"])
         state = tempfile.mkdtemp(dir=self.dir)
         shared = ["--share-result", "60", "--state-dir", state]
@@ -395,9 +395,9 @@ class TLSTest(OpenAICase):
                      78, "config", "cannot use --cafile")
 
     def test_a_tls_name_mismatch_is_a_configuration_error_on_every_python(self):
-        """A certificate from the trusted CA for another name. Seen on 3.6:
-        69 "CertificateError: hostname '127.0.0.1' doesn't match ..." (there
-        ssl.CertificateError is a ValueError, not an SSLError); 78 on 3.7+."""
+        """A certificate from the trusted CA for another name is 78 on every
+        Python, 3.6 too, where ssl.CertificateError ("hostname '127.0.0.1'
+        doesn't match ...") is a ValueError, not an SSLError."""
         openssl = support.require_tool(self, "openssl")
         d = self.dir
 
@@ -405,7 +405,7 @@ class TLSTest(OpenAICase):
             subprocess.check_call([openssl] + list(args), cwd=d, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
-           "-out", "ca.pem", "-days", "2", "-subj", "/CN=review10 CA")
+           "-out", "ca.pem", "-days", "2", "-subj", "/CN=gpfl test CA")
         sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "s.key", "-out", "s.csr",
            "-subj", "/CN=other.example")
         with open(os.path.join(d, "ext"), "w") as handle:
@@ -471,7 +471,7 @@ class TokenLeakTest(TrustCase):
             self.assertEqual(sorted(p for p in pieces(token) if p in text), [], name)
 
     def test_a_percent_encoded_echo_in_location_does_not_show_the_token(self):
-        token = 'ab"cd\\ef=gh' * 27          # issue 9.8's shape, 297 characters
+        token = 'ab"cd\\ef=gh' * 27          # quotes, backslashes, =: 297 characters
         server = support.EchoServer(self, lambda method, path, sent: (
             302, b"", [("Location", "http://x/?k=" + urllib.parse.quote(sent, safe=""))]))
         res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",

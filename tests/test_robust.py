@@ -1,10 +1,10 @@
-"""Every input ends in a clear verdict, on time (issue 10): no exit 70, no
+"""Every input ends in a clear verdict, on time: no exit 70, no
 overrun, no lost log line, and --wait that really waits.
 
 The real script runs as a subprocess in cron's environment against loopback
 servers that answer what a hostile or broken server would; each test asserts
 the exit status, the reason, one syslog line, and the time against the
-deadline. Item 6 (random inputs) is tests/test_property.py.
+deadline. Random inputs are tests/test_property.py.
 """
 
 import json
@@ -28,7 +28,7 @@ from test_trust import TrustCase
 
 
 class FilesTest(ContractCase):
-    """Item 1: every file the product reads is read under the deadline or
+    """Every file the product reads is read under the deadline or
     refused at once when it is not a regular file."""
 
     def setUp(self):
@@ -98,7 +98,7 @@ class FilesTest(ContractCase):
 
 
 class AnswersTest(ContractCase):
-    """Items 2 and 4: a bad server answer is 69 naming what is wrong."""
+    """A bad server answer is 69 naming what is wrong."""
 
     def test_a_huge_json_integer_is_a_bad_answer_within_the_deadline(self):
         # on 3.6 parsing it is quadratic and holds the interpreter for seconds
@@ -150,7 +150,7 @@ class AnswersTest(ContractCase):
 
 
 class OptionValuesTest(ContractCase):
-    """Item 5: a bad option value is 64 on the command line and 78 from the
+    """A bad option value is 64 on the command line and 78 from the
     environment or the config file, naming the option; never 70."""
 
     CASES = (
@@ -203,7 +203,7 @@ class OptionValuesTest(ContractCase):
 
 
 class OutputTest(ContractCase):
-    """Items 7 and 8, and issue 13.4: the status and the line are never lost."""
+    """The status and the line are never lost."""
 
     def test_a_usage_error_with_stderr_closed_or_full_is_still_64(self):
         for redirect in ("2>&-", "2>/dev/full"):
@@ -350,7 +350,7 @@ def holds_connected_datagram_socket(pid):
 
 
 class NewcomerTest(ContractCase):
-    """Issue 13 items 3, 5 and 6: messages that say what to do."""
+    """Messages that say what to do."""
 
     def setUp(self):
         ContractCase.setUp(self)
@@ -419,7 +419,7 @@ class NewcomerTest(ContractCase):
 
 
 class WaitTest(ContractCase):
-    """Item 3, and issue 13.2."""
+    """--wait: retries until the deadline, and a signal between tries."""
 
     def test_wait_keeps_trying_until_the_deadline(self):
         port = free_port()
@@ -472,9 +472,9 @@ class HostileServerTest(VerdictCase):
 
     def test_api_ps_naming_the_loaded_model_another_way_is_not_an_internal_error(self):
         """No --model; /api/tags lists llama3.2:latest, /api/ps names the
-        same model LLAMA3.2:latest or llama3.2 (same_model() agrees).
-        Seen: 70 "internal error: StopIteration" (ollama_kinds() looks the
-        /api/ps spelling up in /api/tags with ==)."""
+        same model LLAMA3.2:latest or llama3.2 (same_model() agrees): ready,
+        not 70 "internal error: StopIteration" (a lookup of the /api/ps
+        spelling in /api/tags with ==)."""
         for spelling in ("LLAMA3.2:latest", "llama3.2"):
             with self.subTest(ps_name=spelling):
                 ps = ('{"models": [{"name": "%s", "size": 10, "size_vram": 10}]}'
@@ -488,9 +488,9 @@ class HostileServerTest(VerdictCase):
 
     def test_a_huge_model_name_with_a_token_keeps_the_deadline(self):
         """The server's only model has a 2-million-character name (4 MB of
-        UTF-8, within MAX_BODY); a token is set and --json asked. Seen: the
-        verdict at 0.1 s, the exit at 5-7 s with --deadline 2 (redact() runs
-        a Python loop over every character of the JSON output and state)."""
+        UTF-8, within MAX_BODY); a token is set and --json asked: the exit
+        keeps --deadline 2 (a redact() that loops in Python over every
+        character of the JSON output and state took 5-7 s)."""
         name = "\u00e9" * 2000000
         models = json.dumps({"object": "list", "data": [{"id": name}]},
                             ensure_ascii=False).encode("utf-8")
@@ -518,10 +518,9 @@ class OperatorInputTest(VerdictCase):
 
     def test_digit_strings_past_the_int_limit_are_refused_never_70(self):
         """Python 3.11 (and 3.7.14+, 3.8.14+...) int() refuses text of more
-        than 4300 digits with ValueError. Seen: OLLAMA_HOST=127.0.0.1:<5000
-        digits> exits 70 with no syslog line at all (resolve_options calls
-        parse_ollama_host outside its ValueError handler); --gpu-id <5000
-        digits> exits 70 (select_gpus() calls int())."""
+        than 4300 digits with ValueError: OLLAMA_HOST=127.0.0.1:<5000 digits>
+        and --gpu-id <5000 digits> (flag or environment) end in a logged
+        verdict, never 70 (the ValueError raised outside its handler)."""
         res = self.run_gp(["--deadline", "2"], env=support.cron_env(
             OLLAMA_HOST="127.0.0.1:" + PAST_INT_LIMIT))
         self.assertNotInternal(res, deadline=2)
@@ -543,19 +542,18 @@ class OperatorInputTest(VerdictCase):
                 self.assertEqual(res.code, 78, fields)  # no such GPU, or a bad value
 
     def test_many_models_keep_the_deadline(self):
-        """3000 names in --model. Seen: 13 s with --deadline 1 (5000 names:
-        37 s): unique_models() compares every pair, before supervision."""
+        """3000 names in --model keep --deadline 1 (comparing every pair
+        before supervision took 13 s; 5000 names, 37 s)."""
         names = ",".join("m%d" % i for i in range(3000))
         res = self.run_gp(["--host", "127.0.0.1:9", "--deadline", "1", "--model", names])
         self.assertLess(res.elapsed, 1 + SLACK, res)
         self.assertNotInternal(res)
 
     def test_a_host_urllib_cannot_send_is_refused_as_a_usage_error(self):
-        """Seen: --host http://127.0.0.1:PORT/\u00fc is accepted, then every
-        request fails with 69 "UnicodeEncodeError: 'ascii' codec..." (and
-        --wait retries it until the deadline); a control character from the
-        config file gives 69 "InvalidURL". A usage error (64) or a
-        configuration error (78) naming --host is what the operator needs."""
+        """--host http://127.0.0.1:PORT/\u00fc is a usage error (64) naming
+        --host, and a control character in the config file's host a
+        configuration error (78): not 69 "UnicodeEncodeError" or "InvalidURL"
+        from every request (which --wait would retry until the deadline)."""
         url = self.scripted_server(support.ready_answer)
         res = self.run_gp(["--host", url + "/\u00fc", "--deadline", "2"])
         self.assertEqual(res.code, 64, res)
@@ -567,9 +565,9 @@ class OperatorInputTest(VerdictCase):
         self.assertSkip(res, 78, "config", "host", deadline=2)
 
     def test_a_config_file_saved_with_a_byte_order_mark_is_read(self):
-        """Windows editors save UTF-8 with a BOM. Seen: 78 "its first setting
-        comes before any section: put [gpu_preflight] on a line above it"
-        although that line is there (and 78 for the all-comment example)."""
+        """Windows editors save UTF-8 with a BOM: the file is read, not 78
+        "its first setting comes before any section: put [gpu_preflight] on
+        a line above it" (that line is there), also the all-comment example."""
         conf = os.path.join(self.dir, "gp.conf")
         for text in ("[gpu_preflight]\nmodel = absent\n",
                      "# all comments\n[gpu_preflight]\n# timeout = 2\n"):

@@ -1,5 +1,5 @@
 """Files root reads configuration or secrets from, or loads code from, are
-trusted only when no one else could have written them (issue 9, items 5-7).
+trusted only when no one else could have written them.
 
 The model is OpenSSH's StrictModes: the file and every directory above it are
 owned by root (or, not running as root, by the user or root) and writable by
@@ -206,11 +206,11 @@ class NvmlLibraryTest(TrustCase):
                      env=dict(LD_LIBRARY_PATH=theirs), stage="gpu")
 
     def test_a_library_name_without_a_path_is_refused_and_nothing_loaded(self):
-        """--nvml-lib libnvidia-ml.so.1 used to be checked as a file in the
-        working directory (here root's, trusted) while dlopen, given a bare
-        name, searched LD_LIBRARY_PATH: root ran the constructor of a library
-        nobody owns. Now a path that is not absolute is refused at once: 64
-        for the flag, 78 from the environment."""
+        """--nvml-lib libnvidia-ml.so.1: dlopen, given a bare name, searches
+        LD_LIBRARY_PATH, so judging the file of that name in the working
+        directory (here root's, trusted) would let root run the constructor of
+        a library nobody owns. A path that is not absolute is refused at once:
+        64 for the flag, 78 from the environment."""
         cwd = self.mkdir(self.path("cwd"))
         self.write(os.path.join(cwd, "libnvidia-ml.so.1"), "")
         theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
@@ -265,8 +265,8 @@ class LockFileTest(TrustCase):
         self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o644)
 
     def test_another_user_cannot_hold_roots_lock_in_a_root_only_directory(self):
-        # the lock root creates is 0644: any user opens it read-only and
-        # flocks it, and every root run is 75 "locked by another job" for ever
+        # a lock root creates 0644 could be opened read-only and flocked by
+        # any user, and every root run would be 75 "locked by another job"
         lock = self.path("gpu0.lock")          # self.dir: root's, 0700
         os.chmod(self.dir, 0o755)
         res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
@@ -318,7 +318,7 @@ class NotRootTest(TrustCase):
 
 class NvidiaSmiTrustTest(TrustCase):
     def test_an_nvidia_smi_others_could_write_is_never_run_as_root(self):
-        # LD_LIBRARY_PATH's NVML is checked, PATH's nvidia-smi is not
+        # PATH's nvidia-smi is judged as LD_LIBRARY_PATH's NVML is
         theirs = self.mkdir(self.path("bin"), uid=NOBODY)
         smi = self.write(os.path.join(theirs, "nvidia-smi"), "#!/bin/sh\n: > \"%s\"\n"
                          "echo '0, GPU-x, NVIDIA H200, 00000000:61:00.0, 143771, 0, "
