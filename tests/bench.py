@@ -22,7 +22,7 @@ time of --runs process launches, in cron's environment (PATH only). Printed:
                        stage through the fake libnvidia-ml.so.1
                        (tests/fake_nvml.c, built with cc) and the fake
                        nvidia-smi
-                       and one model against two (issue 11: a second model
+                       and one model against two (a second model
                        costs only its own warm-up request)
   copied file, ...     python3 gpu_preflight.py, compiled on every run
   curl, two calls      GET /api/tags && POST /api/generate, a shell one-liner
@@ -31,7 +31,7 @@ time of --runs process launches, in cron's environment (PATH only). Printed:
                        trickles a byte every 2 s, and one that never answers
   peak RSS             VmHWM of the process, for the floor and the command
 
-Targets (issue 14): installed healthy <= 1.2 x floor, its peak RSS <= the
+Targets: installed healthy <= 1.2 x floor, its peak RSS <= the
 floor's + 2 MiB; installed refused <= floor + 10 ms; installed reused verdict
 <= 0.7 x floor; copied file healthy <= 1.7 x floor. Earlier ones: overshoot
 < 0.25 s; the NVML stage adds < 15 ms. A benchmark, not a test: it reports.

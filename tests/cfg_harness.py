@@ -124,7 +124,7 @@ def read(path):
 
 def install_sh_launcher(work):
     """The launcher install.sh writes for /usr/local and /usr/bin/python3,
-    or None while install.sh installs the plain copy (before issue 14)."""
+    or None where install.sh installs a plain copy (no launcher)."""
     script = os.path.join(support.REPO, "install.sh")
     if b"launcher()" not in read(script):
         return None
@@ -305,7 +305,7 @@ class DeployChecks(object):
                                 launcher)
                 self.assertIn(b'sys.path.insert(0, "%s")\n' % MODULE_DIR.encode(), launcher)
                 expected = install_sh_launcher(host.dir)
-                if expected is not None:        # issue 14: install.sh's fast layout
+                if expected is not None:        # install.sh's fast layout
                     self.assertEqual(launcher, expected,
                                      "the recipe's launcher differs from install.sh's")
         entry = self.cron_entry(host)           # the cron run below needs it

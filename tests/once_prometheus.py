@@ -17,7 +17,7 @@ DIR/gpu_preflight.prom with --metrics-file, and /metrics is scraped with urllib:
     because the file is replaced by a rename, never written in place;
   - the control: a file cut mid-line does show as node_textfile_scrape_error 1,
     so the checks above can fail.
-Two models (issue 11, --model repeatable) belong in TwoModels below.
+Two models (--model repeated) belong in TwoModels below.
 Run once per suite, under /usr/bin/python3 (tests/run.py runs once_*.py so);
 under CI=true a missing node exporter fails.
 """
@@ -184,7 +184,7 @@ class RewriteDuringScrapes(NodeExporterCase):
 
 
 class TwoModels(NodeExporterCase):
-    """Issue 11 (--model repeatable) adds its case here: one run checking two
+    """The case of --model repeated goes here: one run checking two
     models writes one file whose every family carries a sample per model
     (label model=...), and node_textfile_scrape_error stays 0. scrape()
     checks the labels of one model; give it the expected set when it lands.

@@ -16,6 +16,7 @@ watched.
 """
 
 import atexit
+import http.server
 import importlib.util
 import os
 import shutil
@@ -243,3 +244,47 @@ def parse_fields(line):
             fields[key] = line[eq + 1:end]
             i = end + 1
     return fields
+
+
+class EchoServer(object):
+    """A hostile HTTP server on loopback: answer(method, path, token) ->
+    (status, body bytes, [(header, value)]) sees the bearer token of the
+    request it answers; seen lists every token sent."""
+
+    def __init__(self, testcase, answer):
+        self.seen = seen = []
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def reply(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                token = (self.headers.get("Authorization") or "")[len("Bearer "):]
+                seen.append(token)
+                status, body, headers = answer(self.command, self.path, token)
+                self.send_response(status)
+                for name, value in [("Content-Type", "application/json")] + headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            do_GET = do_POST = reply
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        thread = threading.Thread(target=self.server.serve_forever)
+        thread.daemon = True
+        thread.start()
+        testcase.addCleanup(self.server.server_close)
+        testcase.addCleanup(self.server.shutdown)
+        self.url = "http://127.0.0.1:%d" % self.server.server_port
+
+
+READY_TAGS = b'{"models": [{"name": "llama3.2:latest", "model": "llama3.2:latest"}]}'
+READY_PS = (b'{"models": [{"name": "llama3.2:latest", "model": "llama3.2:latest", '
+            b'"size": 10, "size_vram": 10}]}')
+READY_GEN = b'{"model": "llama3.2:latest", "response": "!", "done": true}'
+
+
+def ready_answer(method, path, calls):
+    """A faithful ready Ollama (one model, loaded, in VRAM)."""
+    return {"/api/tags": (200, READY_TAGS), "/api/ps": (200, READY_PS),
+            "/api/generate": (200, READY_GEN)}.get(path, (404, b"404 page not found"))

@@ -21,6 +21,7 @@ import threading
 import time
 import unittest
 
+import fakes
 import support
 from ollama_emu import Emulator, free_port
 
@@ -168,6 +169,39 @@ def answer_nxdomain(sock, asked, done):
         flags = 0x8000 | struct.unpack(">H", query[2:4])[0] & 0x7900 | 0x0080 | 3
         sock.sendto(query[:2] + struct.pack(">HHHHH", flags, 1, 0, 0, 0)
                     + query[12:end + 5], peer)
+
+
+class VerdictCase(ContractCase):
+    """A ContractCase with a directory of its own, a fake AMD GPU, and the
+    checks of a run that must end in a documented verdict."""
+
+    def setUp(self):
+        ContractCase.setUp(self)
+        self.dir = tempfile.mkdtemp(prefix="gpfl-verdict-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        os.chmod(self.dir, 0o755)
+
+    def amd_root(self):
+        """A fake amdgpu sysfs with one idle GPU (GPU_PREFLIGHT_ROOT)."""
+        return fakes.make_amd_sysfs(os.path.join(self.dir, "root"), [dict(
+            busy=5, used_mib=1024, temp_c=45, unique_id="abc123", name="AMD Fake")])
+
+    def assertReady(self, res):
+        self.assertEqual(res.code, 0, res)
+        fields = self.log()[1]
+        self.assertEqual(fields["result"], "ready", fields)
+        return fields
+
+    def assertNotInternal(self, res, deadline=None):
+        """A run without -- COMMAND ends in a documented exit status (never 70),
+        with no traceback and one syslog line that names it, within the deadline."""
+        self.assertIn(res.code, (0, 69, 75, 78), res)
+        self.assertNotIn("Traceback", res.stderr)
+        fields = self.log()[1]
+        self.assertEqual(fields["code"], str(res.code), fields)
+        if deadline is not None:
+            self.assertLess(res.elapsed, deadline + SLACK, res)
+        return fields
 
 
 class ReadyTest(ContractCase):
@@ -441,6 +475,21 @@ class UnavailableTest(ContractCase):
                                   os.path.join(self.sink.dir, "absent.sock")])
         self.assertEqual((res.code, res.stdout, res.stderr), (0, "", ""), res)
 
+    def test_model_reloaded_onto_the_cpu_during_the_warm_up_is_caught(self):
+        model = {"name": "m:latest", "model": "m:latest", "size": 2000}
+
+        def answer(method, path, n):
+            if path == "/api/tags":
+                return 200, json.dumps({"models": [model]}).encode()
+            if path == "/api/ps":       # on the GPU before, on the CPU after
+                entry = dict(model, size_vram=2000 if n == 1 else 0)
+                return 200, json.dumps({"models": [entry]}).encode()
+            return 200, json.dumps({"model": "m:latest", "response": "x", "done": True,
+                                    "done_reason": "length",
+                                    "load_duration": 900000000}).encode()
+        res = self.run_gp(["--host", self.scripted_server(answer)])
+        self.assertSkip(res, 69, "placement", "runs on the CPU")
+
 
 class ForgeryTest(ContractCase):
     """Server text cannot add lines or fields to the log."""
@@ -460,55 +509,6 @@ class ForgeryTest(ContractCase):
         fields = support.parse_fields(messages[0].partition("]: ")[2])
         self.assertEqual((fields["result"], fields["code"]), ("skip", "69"))
         self.assertIn('" result=ready code=0 x="', fields["reason"])
-
-
-class ReviewRegressionTest(ContractCase):
-    """Cases an independent review found, each once wrong."""
-
-    MODEL = {"name": "m:latest", "model": "m:latest", "size": 2000}
-
-    def test_model_reloaded_onto_the_cpu_during_the_warm_up_is_caught(self):
-        def answer(method, path, n):
-            if path == "/api/tags":
-                return 200, json.dumps({"models": [self.MODEL]}).encode()
-            if path == "/api/ps":       # on the GPU before, on the CPU after
-                entry = dict(self.MODEL, size_vram=2000 if n == 1 else 0)
-                return 200, json.dumps({"models": [entry]}).encode()
-            return 200, json.dumps({"model": "m:latest", "response": "x", "done": True,
-                                    "done_reason": "length",
-                                    "load_duration": 900000000}).encode()
-        res = self.run_gp(["--host", self.scripted_server(answer)])
-        self.assertSkip(res, 69, "placement", "runs on the CPU")
-
-    def test_deeply_nested_json_is_not_an_internal_error(self):
-        body = b"[" * 100000 + b"]" * 100000
-        url = self.scripted_server(lambda method, path, n: (200, body))
-        self.assertSkip(self.run_gp(["--host", url]), 69, "tags", "not JSON")
-
-    def test_load_warmup_with_keep_alive_zero_only_unloads(self):
-        emu = self.emulator()
-        res = self.run_gp(["--host", emu.url, "--warmup", "load", "--keep-alive", "0"])
-        self.assertSkip(res, 78, "warmup", "only unloads")
-
-    def test_bad_idna_syslog_host_is_quiet(self):
-        emu = self.emulator()
-        res = support.run_script(["--host", emu.url, "--syslog-address",
-                                  "a" * 64 + ".example:514"])
-        self.assertEqual((res.code, res.stdout, res.stderr), (0, "", ""), res)
-
-    def test_config_fifo_and_device_are_refused_at_once(self):
-        fifo = os.path.join(self.sink.dir, "fifo.conf")
-        os.mkfifo(fifo)
-        for path in (fifo, "/dev/zero"):
-            res = self.run_gp(["--config", path, "--deadline", "1"])
-            self.assertSkip(res, 78, "config", "not a regular file", deadline=1)
-
-    def test_verbose_flag_beats_quiet_from_the_environment(self):
-        emu = self.emulator()
-        res = self.run_gp(["--host", emu.url, "-v"],
-                          env=support.cron_env(GPU_PREFLIGHT_QUIET="1"))
-        self.assertEqual(res.code, 0, res)
-        self.assertIn("result=ready", res.stderr)
 
 
 class ConfigurationTest(ContractCase):
@@ -568,6 +568,11 @@ class ConfigurationTest(ContractCase):
         self.assertEqual(len(res.stderr.splitlines()), 1)
         self.assertIn("--timeout", res.stderr)
 
+    def test_load_warmup_with_keep_alive_zero_only_unloads(self):
+        emu = self.emulator()
+        res = self.run_gp(["--host", emu.url, "--warmup", "load", "--keep-alive", "0"])
+        self.assertSkip(res, 78, "warmup", "only unloads")
+
 
 class TimeBoundTest(ContractCase):
     """Faults that a socket timeout alone does not bound."""
@@ -602,7 +607,7 @@ class TimeBoundTest(ContractCase):
             ["--host", emu.url, "--timeout", "5", "--deadline", "1",
              "--syslog-address", "collector.example:514"])
         self.assertTrue(asked, "the resolver was not asked")
-        # the line could not reach the collector: stderr has it (issue 13.4)
+        # the line could not reach the collector: stderr has it
         self.assertEqual((res.code, res.stdout), (75, ""), res)
         self.assertIn("result=skip code=75", res.stderr)
         # the lookup ran beside the checks and got what was left: nothing

@@ -7,6 +7,7 @@ cron's environment and checks exit status, reason, figures and time.
 import fcntl
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -19,7 +20,8 @@ import uuid
 import fakes
 import support
 from ollama_emu import Model
-from test_contract import SLACK, ContractCase
+from test_contract import SLACK, ContractCase, VerdictCase
+from test_trust import TrustCase
 
 #: The fakes' figures (tests/fake_nvml.c): MiB.
 TOTAL, RESERVED, BUSY_USED = 143771, 542, 102400
@@ -306,7 +308,7 @@ class NvmlTest(GpuCase):
         self.assertEqual(doc["gpu"]["backend"], "amd-sysfs")
 
     def test_a_dead_nvidia_driver_beside_an_amd_igpu_is_69_never_the_igpu(self):
-        # issue 9.1: auto leaves NVIDIA for AMD only when no NVIDIA GPU is present
+        # auto leaves NVIDIA for AMD only when no NVIDIA GPU is present
         for mode, text in (("nodriver", "NVIDIA driver not loaded (NVML: Driver Not Loaded"),
                            ("mismatch", "versions differ (NVML: ")):
             for node in ("pci", "dev"):
@@ -685,7 +687,7 @@ class SmiTest(GpuCase):
         self.assertVerdict(res, doc, 75, "1 compute processes, limit 0")
 
     def test_lost_gpu_line_fails_need_all(self):
-        # issue 9.2: "...for GPU1: 0000:62:00.0: GPU is lost" is a selected GPU that failed
+        # "...for GPU1: 0000:62:00.0: GPU is lost" is a selected GPU that failed
         for form in ("index", "bus"):
             with self.subTest(form=form):
                 self.sink.messages(wait=0.01)
@@ -754,6 +756,149 @@ class AmdTest(GpuCase):
     def test_only_nvidia_cards_in_sysfs_is_69(self):
         res, doc = self.amd([dict(busy=0, used_mib=0, total_mib=1024, vendor="0x10de")])
         self.assertVerdict(res, doc, 69, "no AMD GPU under")
+
+
+class SmiStatusTest(TrustCase):
+    """What nvidia-smi's output and exit status say about the GPU."""
+
+    def setUp(self):
+        TrustCase.setUp(self)
+        self.smi_dir = self.mkdir(self.path("smi"))
+        fakes.write_fake_smi(self.smi_dir)
+
+    def test_a_lost_gpu_named_by_gpu_id_is_69_also_in_the_older_bus_format(self):
+        env = support.cron_env(PATH=self.smi_dir + ":/usr/bin:/bin", FAKE_SMI_MODE="lost",
+                               FAKE_SMI_COUNT="2", FAKE_SMI_LOST_FORMAT="bus")
+        res = self.run_gp(["--host", self.emu.url, "--gpu-backend", "nvidia-smi",
+                           "--gpu-id", "1"], env=env)
+        self.assertSkip(res, 69, "gpu", "GPU is lost")
+
+    def test_the_exit_of_an_nvidia_smi_that_lingers_is_waited_for(self):
+        # the output ends, the process exits a moment later (as a driver
+        # tearing a GPU down can make it): its status must still count
+        os.rename(os.path.join(self.smi_dir, "nvidia-smi"),
+                  os.path.join(self.smi_dir, "real-smi"))
+        self.write(os.path.join(self.smi_dir, "nvidia-smi"),
+                   '#!/bin/sh\n"$(dirname "$0")/real-smi" "$@"; rc=$?\n'
+                   'exec 1>&-\nsleep 1\nexit $rc\n', 0o755)
+        env = support.cron_env(PATH=self.smi_dir + ":/usr/bin:/bin", FAKE_SMI_MODE="busy")
+        res = self.run_gp(["--host", self.emu.url, "--gpu-backend", "nvidia-smi",
+                           "--max-procs", "0", "--gpu-timeout", "4"], env=env)
+        self.assertSkip(res, 75, "gpu", "1 compute processes, limit 0 (--max-procs)")
+
+
+class SmiOutputTest(VerdictCase):
+    def test_an_nvidia_smi_figure_too_large_for_a_float_is_not_70(self):
+        """nvidia-smi printing a 400-digit memory.free (a broken driver or
+        wrapper) is a verdict, not 70: int(float(text)) of it raises
+        OverflowError."""
+        smi_dir = os.path.join(self.dir, "bin")
+        os.makedirs(smi_dir)
+        os.chmod(smi_dir, 0o755)
+        smi = os.path.join(smi_dir, "nvidia-smi")
+        with open(smi, "w") as handle:
+            handle.write("#!/bin/sh\ncase \"$1\" in\n--query-gpu=*) echo \"0, GPU-abc, "
+                         "Fake, 00000000:01:00.0, 81920, 1, %s, 5, 40\";;\n*) echo "
+                         "\"GPU-abc, 123\";;\nesac\n" % ("9" * 400))
+        os.chmod(smi, 0o755)
+        url = self.scripted_server(support.ready_answer)
+        res = self.run_gp(["--host", url, "--deadline", "3", "--gpu-backend", "nvidia-smi"],
+                          env=support.cron_env(PATH=smi_dir + ":/usr/bin:/bin"))
+        self.assertNotInternal(res, deadline=3)
+
+
+def run_odd(args, env=None, ignored=(), close_fds=True, wrapper=(), timeout=60):
+    """run_script() with signals ignored or a wrapper command before the
+    interpreter."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        support.prepared(list(wrapper) + [sys.executable, support.SCRIPT] + list(args),
+                         ignored),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=support.cron_env() if env is None else env, cwd="/",
+        start_new_session=True, close_fds=close_fds)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError("gpu_preflight did not exit within %ss: %r" % (timeout, err))
+    return support.Result(proc.returncode, out.decode("ascii", "replace"),
+                          err.decode("ascii", "replace"), time.monotonic() - started)
+
+
+class ProbeHostTest(VerdictCase):
+    """The forked GPU probe under a parent that leaves the process odd: stdio
+    closed, many descriptors open, SIGCHLD ignored, no /proc."""
+
+    def test_the_gpu_probe_with_stdio_descriptors_closed(self):
+        """Started with two of 0, 1, 2 closed, os.pipe() returns two of them:
+        the forked probe must not dup2() /dev/null over its own write end
+        (then "AMD sysfs probe died (exit 0)", 69); the run is ready."""
+        url = self.scripted_server(support.ready_answer)
+        env = support.cron_env(GPU_PREFLIGHT_ROOT=self.amd_root())
+        for closed in ((0, 1), (1, 2), (0, 2)):
+            with self.subTest(closed=closed):
+                self.sink.messages(wait=0.01)
+                started = time.monotonic()
+                proc = subprocess.Popen(support.prepared(
+                    [sys.executable, support.SCRIPT, "--host", url, "--deadline", "3",
+                     "--gpu-backend", "amd-sysfs", "--syslog-address", self.sink.path],
+                    closed=closed), env=env, cwd="/", start_new_session=True)
+                self.assertEqual(proc.wait(30), 0)
+                self.assertLess(time.monotonic() - started, 3 + SLACK)
+                self.assertEqual(self.log()[1]["result"], "ready")
+
+    def test_the_gpu_probe_with_more_than_1024_descriptors_open(self):
+        """A parent that leaks descriptors (RLIMIT_NOFILE above 1024, as in
+        many containers): the probe's output is read without select.select,
+        whose "filedescriptor out of range" would make every GPU backend 70."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and hard < 1200:
+            self.skipTest("RLIMIT_NOFILE hard limit %d < 1200" % hard)
+        url = self.scripted_server(support.ready_answer)
+        leak = ("import os, resource, sys\n"
+                "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+                "resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))\n"
+                "for _ in range(1100):\n"
+                "    os.set_inheritable(os.open('/dev/null', os.O_RDONLY), True)\n"
+                "os.execv(sys.argv[1], sys.argv[1:])\n")
+        res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "amd-sysfs",
+                       "--syslog-address", self.sink.path],
+                      env=support.cron_env(GPU_PREFLIGHT_ROOT=self.amd_root()),
+                      wrapper=(sys.executable, "-c", leak))
+        self.assertReady(res)
+        self.assertLess(res.elapsed, 3 + SLACK, res)
+
+    def test_nvidia_smi_with_sigchld_ignored(self):
+        """A parent that ignores SIGCHLD (inherited across exec): children
+        are reaped by the kernel and waitpid() fails with ECHILD, which must
+        not read as "GPU probe hung: nvidia-smi did not exit" (75 on every
+        run); the run is ready."""
+        smi_dir = os.path.join(self.dir, "bin")
+        fakes.write_fake_smi(smi_dir)
+        os.chmod(smi_dir, 0o755)
+        url = self.scripted_server(support.ready_answer)
+        res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "nvidia-smi",
+                       "--syslog-address", self.sink.path],
+                      env=support.cron_env(PATH=smi_dir + ":/usr/bin:/bin"),
+                      ignored=(signal.SIGCHLD,))
+        self.assertReady(res)
+
+    def test_the_gpu_probe_without_proc(self):
+        """No /proc (a chroot, a minimal container): the forked child closes
+        its descriptors without listing /proc/self/fd (which would raise before
+        it probes anything: "AMD sysfs probe died (exit 70)", 69)."""
+        unshare = support.require_tool(self, "unshare")
+        if os.geteuid() != 0:
+            self.skipTest("needs root to mount over /proc in a mount namespace")
+        url = self.scripted_server(support.ready_answer)
+        res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "amd-sysfs",
+                       "--syslog-address", self.sink.path],
+                      env=support.cron_env(GPU_PREFLIGHT_ROOT=self.amd_root()),
+                      wrapper=(unshare, "--mount", "--propagation", "private", "/bin/sh",
+                               "-c", 'mount -t tmpfs none /proc && exec "$@"', "sh"))
+        self.assertReady(res)
 
 
 if __name__ == "__main__":

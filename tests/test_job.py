@@ -20,7 +20,7 @@ import unittest
 import support
 from ollama_emu import Emulator, free_port
 from test_contract import SLACK, ContractCase
-from test_trust import NOBODY
+from test_trust import NOBODY, TrustCase
 
 
 class JobCase(ContractCase):
@@ -79,7 +79,7 @@ class RunTheJobTest(JobCase):
         self.assertEqual(res.code, 7, res)
 
     def test_the_job_does_not_inherit_the_token(self):
-        # issue 9.10: a secret goes no further than it must
+        # a secret goes no further than it must
         emu = self.emulator()
         out = self.path("env")
         env = support.cron_env(GPU_PREFLIGHT_TOKEN="gpfl-secret-token-1234",
@@ -268,7 +268,7 @@ class LockTest(JobCase):
 
 
     def test_a_lock_conflict_never_hides_the_next_real_verdict(self):
-        # issue 9.4: verdicts that say nothing about the service (a lock held)
+        # verdicts that say nothing about the service (a lock held)
         # are compared only with each other, never with the service's
         emu = self.emulator()
         lock = self.path("gpu.lock")
@@ -675,6 +675,52 @@ class MetricsTest(JobCase):
             "gpu_preflight_last_run_timestamp_seconds gauge 1",
             "gpu_preflight_model_warmup_seconds gauge 1",
             "gpu_preflight_ready gauge 1", "gpu_preflight_stage_duration_seconds gauge 4"])
+
+
+class LogChangesOnlyTransitionTest(TrustCase):
+    def test_a_job_that_did_not_start_is_logged_after_unchanged_ready_verdicts(self):
+        job = self.write(self.path("job.sh"), "#!/nonexistent/interpreter\n", 0o755)
+        args = ["--host", self.emu.url, "--log-changes-only", "--state-dir",
+                self.path("state"), "--"]
+        for _ in range(2):
+            self.assertEqual(self.run_gp(args + ["/bin/true"]).code, 0)
+        self.sink.messages(wait=0.2)
+        res = self.run_gp(args + [job])
+        self.assertEqual(res.code, 127, res)
+        lines = self.sink.messages()
+        self.assertEqual(len(lines), 1, "the job that did not start was not logged: %r"
+                         % (lines,))
+        self.assertIn("stage=command", lines[0])
+
+    def test_the_ready_after_a_fixed_config_error_is_logged(self):
+        # a broken file drops its values, so the 78 is kept under another
+        # state key; the ready after the fix compares with the old ready
+        conf = self.path("gp.conf")
+        good = "[gpu_preflight]\nhost = %s\ntimeout = 2\n" % self.emu.url
+        args = ["--config", conf, "--log-changes-only", "--state-dir", self.path("state")]
+        for text, code in ((good, 0), (good + "bogus = 1\n", 78), (good, 0)):
+            self.sink.messages(wait=0.01)
+            self.write(conf, text)
+            self.assertEqual(self.run_gp(args).code, code)
+        lines = self.sink.messages()
+        self.assertEqual(len(lines), 1, "the recovery from the config error was not logged")
+        self.assertIn("result=ready", lines[0])
+
+
+class ShareResultDeadlineTest(TrustCase):
+    def test_a_waiter_does_not_take_a_skip_caused_by_another_callers_deadline(self):
+        emu = self.emulator(loaded=(), load_seconds=2.0)
+        state = self.path("state")
+        common = ["--host", emu.url, "--model", "llama3.2", "--timeout", "10",
+                  "--share-result", "60", "--state-dir", state, "--no-syslog"]
+        first = subprocess.Popen([sys.executable, support.SCRIPT] + common
+                                 + ["--deadline", "1"], env=support.cron_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(first.wait)
+        support.wait_for_flock(     # the first caller's check is in flight
+            lambda: glob.glob(os.path.join(state, "*.lock")))
+        res = self.run_gp(common + ["--deadline", "30"], log=False)
+        self.assertEqual(res.code, 0, res)
 
 
 if __name__ == "__main__":

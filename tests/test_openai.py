@@ -6,15 +6,21 @@ reverse proxy with a test CA made by openssl (tests/tls_util.py).
 import json
 import os
 import shutil
+import socket
+import ssl
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
 
 import support
 import tls_util
 from ollama_emu import free_port
 from openai_emu import OpenAIEmulator
 from test_contract import SLACK, ContractCase
+from test_trust import TrustCase
 
 TOKEN = "gpfl-test-Secret-7Q2x"
 
@@ -262,7 +268,7 @@ class TokenTest(OpenAICase):
             self.assertNotIn(TOKEN, shown)
 
     def test_an_echoed_token_never_shows_a_piece_of_itself(self):
-        # issue 9.8 and 9.9: redaction comes before any cut or escaping, and
+        # redaction comes before any cut or escaping, and
         # covers every 8 characters of the token, in every output and the state
         tokens = ('q"uo\\te=' * 40)[:300], 'ab"cd\\ef=gh' * 3, "Z" * 7 + '"x\\=' * 60
         for token in tokens:
@@ -365,7 +371,7 @@ class TLSTest(OpenAICase):
             self.assertEqual(fields["problem"], "TLS certificates not verified (--insecure)")
 
     def test_an_insecure_verdict_is_not_shared_with_a_run_that_verifies(self):
-        # issue 9.3: --insecure, --cafile and --api define the check
+        # --insecure, --cafile and --api define the check
         proxy, backend = self.proxy(self.ca["other_cert"], self.ca["other_key"])
         state = tempfile.mkdtemp(dir=self.dir)
         shared = ["--share-result", "60", "--state-dir", state]
@@ -387,6 +393,106 @@ class TLSTest(OpenAICase):
         proxy, backend = self.proxy(self.ca["server_cert"], self.ca["server_key"])
         self.verdict(self.check(proxy.url, "--cafile", os.path.join(self.ca_dir, "nope")),
                      78, "config", "cannot use --cafile")
+
+    def test_a_tls_name_mismatch_is_a_configuration_error_on_every_python(self):
+        """A certificate from the trusted CA for another name is 78 on every
+        Python, 3.6 too, where ssl.CertificateError ("hostname '127.0.0.1'
+        doesn't match ...") is a ValueError, not an SSLError."""
+        openssl = support.require_tool(self, "openssl")
+        d = self.dir
+
+        def sh(*args):
+            subprocess.check_call([openssl] + list(args), cwd=d, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+           "-out", "ca.pem", "-days", "2", "-subj", "/CN=gpfl test CA")
+        sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "s.key", "-out", "s.csr",
+           "-subj", "/CN=other.example")
+        with open(os.path.join(d, "ext"), "w") as handle:
+            handle.write("subjectAltName=DNS:other.example\nbasicConstraints=CA:FALSE\n")
+        sh("x509", "-req", "-in", "s.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+           "-CAcreateserial", "-out", "s.pem", "-days", "2", "-extfile", "ext")
+        os.chmod(os.path.join(d, "ca.pem"), 0o644)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER) if hasattr(
+            ssl, "PROTOCOL_TLS_SERVER") else ssl.SSLContext(ssl.PROTOCOL_SSLv23)
+        context.load_cert_chain(os.path.join(d, "s.pem"), os.path.join(d, "s.key"))
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        self.addCleanup(listener.close)
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                try:
+                    context.wrap_socket(conn, server_side=True).close()
+                except (OSError, ValueError):
+                    conn.close()
+        thread = threading.Thread(target=serve)
+        thread.daemon = True
+        thread.start()
+        res = self.run_gp(["--host", "https://127.0.0.1:%d" % listener.getsockname()[1],
+                           "--cafile", os.path.join(d, "ca.pem"), "--deadline", "3"])
+        self.assertSkip(res, 78, "tags", "127.0.0.1", deadline=3)
+
+
+def pieces(token, size=8):
+    return set(token[i:i + size] for i in range(len(token) - size + 1))
+
+
+class TokenLeakTest(TrustCase):
+    """A hostile server that echoes the token: no piece of it in the state
+    file or any output, and the log line keeps its fields."""
+
+    def token_file(self, token):
+        return self.write(self.path("token"), token + "\n", 0o600)
+
+    def test_the_state_file_never_holds_the_token(self):
+        token = "sk-proj-0123456789abcdefghijABCDEFGHIJklmn"
+
+        def answer(method, path, sent):
+            if path == "/health":
+                return 200, b"{}", []
+            if path == "/v1/models":
+                return 200, json.dumps({"data": [{"id": "m-" + sent}]}).encode(), []
+            return 500, json.dumps({"error": {"message": "crashed"}}).encode(), []
+        server = support.EchoServer(self, answer)
+        state = self.path("state")
+        res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",
+                           self.token_file(token), "--share-result", "60",
+                           "--state-dir", state])
+        self.assertEqual(res.code, 69, res)
+        for name in os.listdir(state):
+            with open(os.path.join(state, name)) as handle:
+                text = handle.read()
+            self.assertEqual(sorted(p for p in pieces(token) if p in text), [], name)
+
+    def test_a_percent_encoded_echo_in_location_does_not_show_the_token(self):
+        token = 'ab"cd\\ef=gh' * 27          # quotes, backslashes, =: 297 characters
+        server = support.EchoServer(self, lambda method, path, sent: (
+            302, b"", [("Location", "http://x/?k=" + urllib.parse.quote(sent, safe=""))]))
+        res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",
+                           self.token_file(token), "-v", "--json"])
+        self.assertEqual(res.code, 78, res)
+        encoded = urllib.parse.quote(token, safe="")
+        for where, text in (("stdout", res.stdout), ("stderr", res.stderr),
+                            ("syslog", "".join(self.sink.messages()))):
+            self.assertEqual(sorted(p for p in pieces(encoded, 16) if p in text), [], where)
+
+    def test_a_short_token_never_breaks_the_log_line(self):
+        # redaction of a 1-character token runs over the assembled line: a
+        # token "\" unescapes the reason's quotes and the server's text
+        # becomes fields of their own (result=ready code=0)
+        server = support.EchoServer(self, lambda method, path, sent: (
+            401, json.dumps({"error": 'no" result=ready code=0 x="'}).encode(), []))
+        res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",
+                           self.token_file("\\")])
+        self.assertEqual(res.code, 78, res)
+        priority, fields = self.log()
+        self.assertEqual((fields["result"], fields["code"]), ("skip", "78"), fields)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ troublesome option, the config file, a mix), in shuffled rounds so that any
 count covers them evenly; within a target the values lean to the edges (an
 answer's numbers all of one class, name and model made to disagree, option
 values that are long, not ASCII or nested). The first cases are EXAMPLES:
-inputs that broke the script before (issue 10), a faithful ready run with
+inputs that broke the script before, a faithful ready run with
 one hazard each; case 0 is an integer of 1.2 million digits in /api/tags
 (quadratic to parse where Python has no 4300-digit limit, 3.6 here: the
 interpreter is pinned; bounded at HUNG_AFTER past the deadline).
@@ -85,7 +85,7 @@ DOCUMENTED = (0, 64, 69, 75, 78)
 DEFAULT_DEADLINE = 10.0
 #: How long past its bound a run may go before it is killed as hung.
 HUNG_AFTER = 25.0
-#: Digits of the integer of case 0 (issue 10 item 2: 7-10 s on 3.6).
+#: Digits of the integer of case 0 (7-10 s to parse on 3.6).
 HUGE_DIGITS = 1200000
 MAX_BODY = 4 * 1024 * 1024
 
@@ -1277,7 +1277,7 @@ def judge(outcome):
     return problems
 
 
-# ---- Examples: inputs known to have broken the script (issue 10) ----------------------
+# ---- Examples: inputs known to have broken the script ---------------------------------
 
 def example_case(index, seed):
     """A faithful ready run (one model, loaded, in VRAM) with one known hazard."""

@@ -1,5 +1,5 @@
 """Files root reads configuration or secrets from, or loads code from, are
-trusted only when no one else could have written them (issue 9, items 5-7).
+trusted only when no one else could have written them.
 
 The model is OpenSSH's StrictModes: the file and every directory above it are
 owned by root (or, not running as root, by the user or root) and writable by
@@ -13,6 +13,7 @@ that a refused NVML library never ran a byte as root, and that an accepted one
 did (so the check can fail). Needs root (chown); CI runs as root.
 """
 
+import json
 import os
 import shutil
 import stat
@@ -153,6 +154,29 @@ class TokenFileTest(TrustCase):
         self.refused(["--host", self.emu.url, "--token-file", token],
                      "owned by uid 65534")
 
+    def test_a_dotdot_after_a_symlink_is_judged_where_the_kernel_goes(self):
+        # --token-file DIR/link/../token: os.path.abspath() drops "link/..",
+        # so the check passes root's DIR/token while the kernel opens the
+        # token beside the link's target, in another user's directory
+        secret = self.write(self.path("root-only"), "root-secret-contents\n", 0o600)
+        theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
+        sub = self.mkdir(os.path.join(theirs, "sub"), uid=NOBODY)
+        os.symlink(secret, os.path.join(theirs, "token"))
+        os.lchown(os.path.join(theirs, "token"), NOBODY, NOBODY)
+        etc = self.mkdir(self.path("etc"))
+        os.symlink(sub, os.path.join(etc, "current"))        # root's own link
+        self.write(os.path.join(etc, "token"), "roots-token\n", 0o600)
+        server = support.EchoServer(self, lambda method, path, token: (
+            401, json.dumps({"error": "got " + token}).encode("ascii"), []))
+        path = os.path.join(etc, "current", "..", "token")
+        with open(path) as handle:
+            self.assertEqual(handle.read(), "root-secret-contents\n")   # the premise
+        res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file", path,
+                           "--json"], env=support.cron_env())
+        self.assertNotIn("root-secret-contents", server.seen, "root sent its secret")
+        self.assertEqual(res.code, 78, res)
+        self.assertIn("others could have written it", json.loads(res.stdout)["reason"])
+
 
 class CafileTest(TrustCase):
     def test_a_ca_file_another_user_owns_is_refused(self):
@@ -182,11 +206,11 @@ class NvmlLibraryTest(TrustCase):
                      env=dict(LD_LIBRARY_PATH=theirs), stage="gpu")
 
     def test_a_library_name_without_a_path_is_refused_and_nothing_loaded(self):
-        """--nvml-lib libnvidia-ml.so.1 used to be checked as a file in the
-        working directory (here root's, trusted) while dlopen, given a bare
-        name, searched LD_LIBRARY_PATH: root ran the constructor of a library
-        nobody owns. Now a path that is not absolute is refused at once: 64
-        for the flag, 78 from the environment."""
+        """--nvml-lib libnvidia-ml.so.1: dlopen, given a bare name, searches
+        LD_LIBRARY_PATH, so judging the file of that name in the working
+        directory (here root's, trusted) would let root run the constructor of
+        a library nobody owns. A path that is not absolute is refused at once:
+        64 for the flag, 78 from the environment."""
         cwd = self.mkdir(self.path("cwd"))
         self.write(os.path.join(cwd, "libnvidia-ml.so.1"), "")
         theirs = self.mkdir(self.path("theirs"), uid=NOBODY)
@@ -240,6 +264,31 @@ class LockFileTest(TrustCase):
         self.assertSkip(res, 78, "lock", "lock file %s: it has 2 names (a hard link" % lock)
         self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o644)
 
+    def test_another_user_cannot_hold_roots_lock_in_a_root_only_directory(self):
+        # a lock root creates 0644 could be opened read-only and flocked by
+        # any user, and every root run would be 75 "locked by another job"
+        lock = self.path("gpu0.lock")          # self.dir: root's, 0700
+        os.chmod(self.dir, 0o755)
+        res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
+        self.assertEqual(res.code, 0, res)
+        self.sink.messages(wait=0.01)
+        setpriv = support.require_tool(self, "setpriv")     # exec, not a fork of this
+        holder = subprocess.Popen(
+            [setpriv, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+             "/usr/bin/python3", "-c", "import fcntl, os, sys, time\n"
+             "try:\n    fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+             "except OSError:\n    print('refused'); sys.exit(0)\n"
+             "fcntl.flock(fd, fcntl.LOCK_EX); print('held'); sys.stdout.flush()\n"
+             "time.sleep(30)", lock],
+            stdout=subprocess.PIPE)
+        self.addCleanup(holder.wait)
+        self.addCleanup(holder.kill)
+        said = holder.stdout.readline().decode().strip()
+        res = self.run_gp(["--host", self.emu.url, "--lock", lock, "--", "/bin/true"])
+        self.assertEqual(said, "refused")
+        if res.code != 0:       # what the run logged says why (69 seen, rarely, in CI)
+            self.fail("%r, logged: %r" % (res, self.sink.messages(wait=0.5)))
+
 
 class NotRootTest(TrustCase):
     """Not running as root: the user's own files and root's are trusted."""
@@ -265,6 +314,54 @@ class NotRootTest(TrustCase):
                 if code:
                     self.assertIn("owned by uid 1 (daemon), not by this user or root",
                                   out)
+
+
+class NvidiaSmiTrustTest(TrustCase):
+    def test_an_nvidia_smi_others_could_write_is_never_run_as_root(self):
+        # PATH's nvidia-smi is judged as LD_LIBRARY_PATH's NVML is
+        theirs = self.mkdir(self.path("bin"), uid=NOBODY)
+        smi = self.write(os.path.join(theirs, "nvidia-smi"), "#!/bin/sh\n: > \"%s\"\n"
+                         "echo '0, GPU-x, NVIDIA H200, 00000000:61:00.0, 143771, 0, "
+                         "143229, 0, 29'\n" % self.marker, 0o755, uid=NOBODY)
+        res = self.run_gp(["--host", self.emu.url, "--gpu-backend", "nvidia-smi"],
+                          env=support.cron_env(PATH=theirs + ":/usr/bin:/bin"))
+        self.assertFalse(os.path.exists(self.marker), "%s ran as root" % smi)
+        self.assertSkip(res, 78, "gpu", "others could have written it")
+
+
+class MetricsFileTrustTest(TrustCase):
+    def test_the_metrics_file_is_not_written_where_another_user_redirects_it(self):
+        # Debian: /var/lib/prometheus is the prometheus user's, node-exporter
+        # below it root's; that user swaps node-exporter for a symlink
+        os.chmod(self.dir, 0o755)
+        prom = self.mkdir(self.path("prometheus"), uid=NOBODY)
+        self.mkdir(os.path.join(prom, "node-exporter"))
+        victim = self.mkdir(self.path("victim"))
+        subprocess.check_call(support.prepared(
+            ["sh", "-c", 'mv "$0/node-exporter" "$0/old" && ln -s "$1" "$0/node-exporter"',
+             prom, victim], uid=NOBODY))
+        metrics = os.path.join(prom, "node-exporter", "gpu_preflight.prom")
+        res = self.run_gp(["--host", self.emu.url, "--metrics-file", metrics])
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(os.listdir(victim), [], "root wrote through nobody's symlink")
+
+
+class StateDirTrustTest(TrustCase):
+    def test_no_state_under_a_directory_another_user_owns(self):
+        # root with a user's XDG_RUNTIME_DIR (su without -): that user can swap
+        # the state directory between the check and the read (a race that
+        # plants a ready verdict); root must keep no state below it
+        # (root's fallback, /run/gpu_preflight, is a tmpfs of this run's own)
+        runtime = self.mkdir(self.path("run-user-1000"), 0o700, uid=NOBODY)
+        unshare = support.require_tool(self, "unshare")
+        res = support.run_script(
+            ["--host", self.emu.url, "--share-result", "60", "--syslog-address",
+             self.sink.path], env=support.cron_env(XDG_RUNTIME_DIR=runtime,
+                                                   GPU_PREFLIGHT_STATE_DIR=None),
+            wrapper=(unshare, "--mount", "--propagation", "private", "/bin/sh", "-c",
+                     'mount -t tmpfs none /run && exec "$@"', "sh"))
+        self.assertEqual(res.code, 0, res)
+        self.assertEqual(os.listdir(runtime), [], "state kept under nobody's directory")
 
 
 if __name__ == "__main__":

@@ -874,7 +874,7 @@ class StreakTest(unittest.TestCase):
 
 class StateKeyTest(unittest.TestCase):
     """--share-result: callers share a verdict only when every option that
-    defines the check is the same (issue 9.3). The roles come from the one
+    defines the check is the same. The roles come from the one
     options table; every option needs a second value here, so a new option
     cannot be forgotten by the key or by this test."""
 
