@@ -19,6 +19,7 @@ import atexit
 import http.server
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -81,6 +82,17 @@ def cron_env(**extra):
            "GPU_PREFLIGHT_SYSLOG_ADDRESS": log, "GPU_PREFLIGHT_STATE_DIR": state}
     env.update(extra)
     return dict((name, value) for name, value in env.items() if value is not None)
+
+
+def own_seconds(res, fields=None):
+    """The run's own elapsed time in seconds, counted from its process start:
+    elapsed_ms from its log fields, else from the line or --json it printed.
+    A loaded machine slows the test's wall clock, not the run's."""
+    if fields is None:
+        found = re.findall(r'elapsed_ms["=: ]+([0-9.]+)', res.stdout + res.stderr)
+        assert found, "the run printed no elapsed_ms: %r" % (res,)
+        return float(found[-1]) / 1000
+    return float(fields["elapsed_ms"]) / 1000
 
 
 class Result(object):

@@ -96,8 +96,8 @@ class ModelsCase(ContractCase):
         self.assertEqual(res.code, code, res)
         if kwargs.get("quiet", True):
             self.assertEqual((res.stdout, res.stderr), ("", ""), "not silent under cron")
-        self.assertLess(res.elapsed, kwargs.get("deadline", DEADLINE) + SLACK, res)
         priority, fields = self.log()
+        self.assertInTime(res, kwargs.get("deadline", DEADLINE), fields)
         self.assertEqual(priority, 8 + (6 if code == 0 else 3 if code in (70, 78) else 4))
         self.assertEqual((fields["result"], fields["code"]),
                          ("ready" if code == 0 else "skip", str(code)))

@@ -55,7 +55,7 @@ class FilesTest(ContractCase):
                 res = self.run_gp(args + ["--deadline", "2"])
                 fields = self.assertSkip(res, 69 if stage == "gpu" else 78, stage, text,
                                          deadline=2)
-                self.assertLess(res.elapsed, 1.5, res)
+                self.assertLess(support.own_seconds(res, fields), 1.5, res)
                 self.assertEqual(emu.requests, [])
 
     def test_fifos_in_the_state_directory_and_sysfs_do_not_hold_the_run(self):
@@ -71,8 +71,9 @@ class FilesTest(ContractCase):
             os.mkfifo(os.path.join(state, name))
         res = self.run_gp(args)
         self.assertEqual(res.code, 0, res)
-        self.assertLess(res.elapsed, 3, res)
-        self.assertEqual(self.log()[1]["result"], "ready")
+        fields = self.log()[1]
+        self.assertEqual(fields["result"], "ready")
+        self.assertLess(support.own_seconds(res, fields), 3, res)
         root = fakes.make_amd_sysfs(os.path.join(self.dir, "root"), [dict(busy=1)])
         fakes.add_pci_display(root, "0000:62:00.0", "0x1002")
         device = os.path.join(root, "sys", "devices", "pci0000:00", "0000:62:00.0")
@@ -86,7 +87,7 @@ class FilesTest(ContractCase):
                            "--deadline", "3", "--json"],
                           env=support.cron_env(GPU_PREFLIGHT_ROOT=root))
         self.assertEqual(res.code, 0, res)
-        self.assertLess(res.elapsed, 3 + SLACK, res)
+        self.assertInTime(res, 3)
         self.assertIsNone(json.loads(res.stdout)["gpu"]["gpus"][0]["util_pct"])
 
     def test_config_fifo_and_device_are_refused_at_once(self):
@@ -312,14 +313,14 @@ class OutputTest(ContractCase):
         res = support.run_script(["--host", emu.url, "--syslog-address", path,
                                   "--deadline", "2", "-v"])
         self.assertEqual(res.code, 0, res)
-        self.assertLess(res.elapsed, 2 + SLACK, res)
+        self.assertInTime(res, 2)
         self.assertIn("result=ready code=0", res.stderr)
         self.assertIn("warning: syslog %s: timed out; syslog did not take the line"
                       % path, res.stderr)
         res = support.run_script(["--host", "127.0.0.1:%d" % free_port(),
                                   "--syslog-address", path, "--deadline", "2"])
         self.assertEqual(res.code, 69, res)
-        self.assertLess(res.elapsed, 2 + SLACK, res)
+        self.assertInTime(res, 2)
         self.assertRegex(res.stderr, r"^gpu_preflight: result=skip code=69 stage=tags ")
 
     def test_bad_idna_syslog_host_is_quiet(self):
@@ -440,8 +441,9 @@ class WaitTest(ContractCase):
         res = self.run_gp(["--host", "127.0.0.1:%d" % port, "--wait", "20",
                            "--deadline", "4"])
         self.assertEqual(res.code, 69, res)
-        self.assertGreater(res.elapsed, 3.0, "gave up early")
-        self.assertLess(res.elapsed, 4 + SLACK, res)
+        fields = self.log()[1]
+        self.assertGreater(support.own_seconds(res, fields), 3.0, "gave up early")
+        self.assertInTime(res, 4, fields)
 
     def test_a_signal_during_the_pause_between_attempts_is_143(self):
         # A server that closes each connection at once: its first accept marks
@@ -546,8 +548,7 @@ class OperatorInputTest(VerdictCase):
         before supervision took 13 s; 5000 names, 37 s)."""
         names = ",".join("m%d" % i for i in range(3000))
         res = self.run_gp(["--host", "127.0.0.1:9", "--deadline", "1", "--model", names])
-        self.assertLess(res.elapsed, 1 + SLACK, res)
-        self.assertNotInternal(res)
+        self.assertNotInternal(res, deadline=1)
 
     def test_a_host_urllib_cannot_send_is_refused_as_a_usage_error(self):
         """--host http://127.0.0.1:PORT/\u00fc is a usage error (64) naming
