@@ -41,8 +41,8 @@ also be set as GPU_PREFLIGHT_<NAME> in the environment or as a key in the
 environment, the environment over the file. Python 3.6+, standard library only.
 
 The file, top to bottom, one section each:
-  the contract     exit statuses and defaults
-  main             parse, check, finish; the attempt loop, the watchdog, Run
+  the contract     exit statuses, defaults, and the exceptions that end a run
+  main             parse, set up and check, finish; the attempt loop, the watchdog
   Ollama           tags, loaded, show, warm-up, placement; its answers judged
   OpenAI           health, models, a completion, chat or embedding
   HTTP client      urllib, no proxy on loopback; failures classified
@@ -50,7 +50,7 @@ The file, top to bottom, one section each:
   under cron       the job, the lock, the shared verdict, metrics
   the report       one list of facts for the syslog line and --json
   configuration    the options table and its parsers: flags > env > file
-  files            what root reads or writes, trusted and bounded; exceptions
+  files            what root reads or writes, trusted and bounded
 """
 
 #: The release, raised by hand when one is made; --version adds the file's
@@ -131,7 +131,7 @@ MAX_BODY, MAX_CONFIG = 4 * 1024 * 1024, 64 * 1024
 
 #: Whether an option defines the check (--share-result shares a verdict only
 #: when all of these are the same) or only how it runs and reports.
-CHECK, HOW = "check", "how"
+CHECK, HOW_IT_RUNS = "check", "how"
 
 #: The stages, as the log's stage= names them, and what each sends.
 STAGE_WHAT = {
@@ -148,11 +148,46 @@ STAGE_WHAT = {
 _NUMBER = r"^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)$"
 
 
+# How a run ends early: each exception carries its exit status or its signal.
+
+class UsageError(Exception):
+    """A bad flag or flag value: exit 64 with a message on stderr."""
+
+
+class ConfigError(Exception):
+    """A bad config file, environment value or OLLAMA_HOST: exit 78."""
+
+
+class Fail(Exception):
+    """A stage ended the run: exit status, reason, and the HTTP status and message if any."""
+
+    def __init__(self, code, reason, stage=None, status=None, detail=None, busy=False):
+        Exception.__init__(self, reason)
+        self.code, self.reason, self.stage = code, reason, stage
+        self.status, self.detail = status, detail
+        self.busy = busy            # a 75 of a GPU in use by others: it answered
+
+
+class TimedOut(Exception):
+    """A socket timed out; the stage turns it into a reason with context."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
+    signum = property(lambda self: self.args[0])
+
+
+class _ParserExit(Exception):
+    """argparse finished (--help, --version, a usage error) with this status."""
+    status = property(lambda self: self.args[0])
+
+
 # ---- main and the attempt loop: supervision, deadline, signals --------------
 
 def main(argv=None, started=None):
-    """Parse, check, report; the exit status (nothing else exits). started: the
-    monotonic() time the deadline counts from (else now: a caller importing)."""
+    """Parse, check, report; the exit status (nothing else exits). started is
+    the monotonic() time the deadline counts from; a caller that imports the
+    module and passes none starts the clock now."""
     started = time.monotonic() if started is None else started
     previous = _set_signals(_raise_interrupt)
     if previous:                # probes are waited for: an ignored SIGCHLD reaps them
@@ -164,7 +199,7 @@ def main(argv=None, started=None):
             os.open(os.devnull, os.O_RDWR)
     try:
         ns, command = parse_command_line(sys.argv[1:] if argv is None else list(argv))
-        run, shared, job = check(ns, command, started)
+        run, shared, job = set_up_and_check(ns, command, started)
         return finish(run, shared, job, previous)
     except _ParserExit as exc:      # --help, --version, or a usage error said
         return exc.status
@@ -204,11 +239,11 @@ def parse_command_line(args):
     return ns, command
 
 
-def check(ns, command, started):
-    """Configuration, COMMAND, lock, then the checks: (Run, shared state, the job)."""
+def set_up_and_check(ns, command, started):
+    """Configuration, COMMAND, lock, then the checks: (Attempt, shared state, the job)."""
     forget_secrets()            # of an earlier run in this process
     opts, problem = configure(ns, os.environ)
-    run, shared, path, lock_fd = Run(opts, started), None, None, None
+    run, shared, path, lock_fd = Attempt(opts, started), None, None, None
     try:
         try:
             if problem:
@@ -265,7 +300,7 @@ WAIT_FIRST, WAIT_MOST, MIN_ATTEMPT = 1.0, 15.0, 0.5
 
 
 def check_until_ready(run, shared):
-    """The checks (or a shared verdict), retried under --wait: the Run of the verdict."""
+    """The checks (or a shared verdict), retried under --wait: the Attempt of the verdict."""
     opts = run.opts
     share = shared is not None and opts.share_result
     try:
@@ -274,7 +309,7 @@ def check_until_ready(run, shared):
             time.sleep(max(0.0, min(opts.jitter * _random(), run.deadline_at
                                     - time.monotonic() - opts.timeout)))
         if state is None and share:
-            state = shared.fly(run)     # wait for a check in flight, then look again
+            state = shared.wait_for_other_check(run)     # wait for a check in flight, then look again
         if state is not None:
             run.reuse(state)
             if state["code"] == EX_OK or retry_time(run) <= 0:
@@ -334,7 +369,7 @@ class Stage(object):
         self.limit = limit          # its own bound: --timeout, --load-timeout ...
 
 
-class Run(object):
+class Attempt(object):
     """One preflight: options, clock, finished stages and the verdict."""
 
     def __init__(self, opts, started, attempt=1, lookup=None, before=None):
@@ -374,7 +409,7 @@ class Run(object):
         left = self.deadline_at - now
         what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
         if left <= 0:
-            raise Fail(EX_TEMPFAIL, self.deadline_text("before " + what), name)
+            raise Fail(EX_TEMPFAIL, self.cut_by_deadline("before " + what), name)
         loads = name == "warmup" and model is not None and may_load(model)
         limit = timeout or (self.opts.load_timeout if loads else self.opts.timeout)
         stage = Stage(name, now, now + min(limit, left), optional, what, model, limit)
@@ -467,7 +502,7 @@ class Run(object):
             self.deadline_at = max(self.deadline_at, self.started + self.opts.deadline
                                    + cold * self.opts.load_timeout)
 
-    def deadline_text(self, when):
+    def cut_by_deadline(self, when):
         """The reason of a run that --deadline cut (when: where it was)."""
         self.cut = True
         return "deadline of %gs reached %s" % (self.deadline_s(), when)
@@ -478,7 +513,7 @@ class Run(object):
         bound its load missed and the fixes."""
         cut = stage.ends_at - stage.started < stage.limit - 1e-3    # by the deadline
         if cut:
-            text = self.deadline_text("during " + stage.what)
+            text = self.cut_by_deadline("during " + stage.what)
             if self.before:
                 text += " (attempt %d; attempt %d: %s)" % (self.attempt, self.attempt - 1,
                                                           self.before)
@@ -512,8 +547,8 @@ class Run(object):
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
 
     def next_attempt(self):
-        """The Run of the next attempt under --wait (a reused verdict was none)."""
-        return Run(self.opts, self.started, attempt=1 if self.reused else self.attempt + 1,
+        """The Attempt of the next try under --wait (a reused verdict was none)."""
+        return Attempt(self.opts, self.started, attempt=1 if self.reused else self.attempt + 1,
                    lookup=self.lookup, before=self)
 
 
@@ -548,7 +583,7 @@ def supervise(run, work):
         elif stage is not None and run.current is stage:
             run.expire(stage)
         elif time.monotonic() >= run.deadline_at:
-            run.decide(EX_TEMPFAIL, None, run.deadline_text("between stages"))
+            run.decide(EX_TEMPFAIL, None, run.cut_by_deadline("between stages"))
     return run.code
 
 
@@ -2726,7 +2761,7 @@ class Shared(object):
             return state            # (a check its own --deadline cut proves nothing)
         return None
 
-    def fly(self, run):
+    def wait_for_other_check(self, run):
         """Take the flight lock, waiting (to the deadline) while another caller
         checks; then a verdict to reuse, or None when this caller is to check.
         A default deadline waits as long as that check may load every model."""
@@ -2742,7 +2777,7 @@ class Shared(object):
                 run.make_room_for_loads(len(self.opts.model or [None]))
             if time.monotonic() + FLIGHT_POLL >= run.deadline_at:
                 os.close(fd)
-                raise Fail(EX_TEMPFAIL, run.deadline_text("waiting for another caller's "
+                raise Fail(EX_TEMPFAIL, run.cut_by_deadline("waiting for another caller's "
                                                           "check"), "shared")
             waited = True
             time.sleep(FLIGHT_POLL)
@@ -3098,10 +3133,10 @@ def add_secret(secret):
     html = secret.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     raw = secret.encode("utf-8", "surrogateescape")
 
-    def quote(safe):        # as urllib.parse.quote does, without importing it
+    def url_quote(safe):        # as urllib.parse.quote does, without importing it
         return "".join(chr(b) if chr(b).isalnum() and b < 128 or chr(b) in "_.-~" + safe
                        else "%%%02X" % b for b in raw)
-    for form in (secret, json.dumps(secret)[1:-1], quote(""), quote("/"),
+    for form in (secret, json.dumps(secret)[1:-1], url_quote(""), url_quote("/"),
                  html.replace('"', "&quot;").replace("'", "&#x27;"),
                  html.replace('"', "&#34;").replace("'", "&#39;")):
         if len(form) < SECRET_PIECE:
@@ -3499,7 +3534,7 @@ def _split_host_port(text):
 #: Where syslog lines go unless --syslog-address says otherwise.
 DEFAULT_SYSLOG_ADDRESS = "/dev/log"
 
-#: One option: its long name, short flag, role (CHECK or HOW), how its value
+#: One option: its long name, short flag, role (CHECK or HOW_IT_RUNS), how its value
 #: is read ("flag", a parser of one value, or a ListValue), default, metavar
 #: and help text.
 Option = collections.namedtuple("Option", "name short role kind default metavar help")
@@ -3533,7 +3568,7 @@ OPTIONS = (
          "time limit of the warm-up of a model that is not loaded: its load "
          "(default %g; Ollama aborts a load when the client gives up)"
          % DEFAULT_LOAD_TIMEOUT),
-        ("deadline", None, HOW, parse_seconds, None, "SECONDS",
+        ("deadline", None, HOW_IT_RUNS, parse_seconds, None, "SECONDS",
          "hard limit on the whole run, from process start (default %g, plus "
          "--load-timeout for each model to load, --wait and --jitter)"
          % DEFAULT_DEADLINE),
@@ -3609,42 +3644,42 @@ OPTIONS = (
          "being noted"),
     )),
     ("living under cron, and the job", (
-        ("lock", None, HOW, parse_path, None, "PATH",
+        ("lock", None, HOW_IT_RUNS, parse_path, None, "PATH",
          "hold an exclusive flock on PATH from before the checks (until the "
          "job ends, with -- COMMAND); held elsewhere: exit 75"),
-        ("wait", None, HOW, parse_seconds, None, "SECONDS",
+        ("wait", None, HOW_IT_RUNS, parse_seconds, None, "SECONDS",
          "retry a failed check (69, 75) with backoff 1, 2, 4 .. 15 s until "
          "ready or SECONDS have passed"),
-        ("jitter", None, HOW, parse_seconds, None, "SECONDS",
+        ("jitter", None, HOW_IT_RUNS, parse_seconds, None, "SECONDS",
          "sleep a random time up to SECONDS before the first attempt"),
-        ("share-result", None, HOW, parse_seconds, None, "SECONDS",
+        ("share-result", None, HOW_IT_RUNS, parse_seconds, None, "SECONDS",
          "reuse a ready verdict younger than SECONDS for the same check, and "
          "wait for a check in flight instead of sending another"),
-        ("state-dir", None, HOW, parse_path, None, "PATH",
+        ("state-dir", None, HOW_IT_RUNS, parse_path, None, "PATH",
          "where shared verdicts and skip counts live (default "
          "$XDG_RUNTIME_DIR/%s, %s for root, else /tmp/%s-UID)"
          % (STATE_SUBDIR, ROOT_STATE_DIR, STATE_SUBDIR)),
-        ("metrics-file", None, HOW, parse_path, None, "PATH",
+        ("metrics-file", None, HOW_IT_RUNS, parse_path, None, "PATH",
          "write Prometheus metrics there for node_exporter's textfile collector"),
-        ("log-changes-only", None, HOW, "flag", False, None,
+        ("log-changes-only", None, HOW_IT_RUNS, "flag", False, None,
          "log only when the verdict changes (for every-minute schedules)"),
         ("escalate-after", None, CHECK, parse_runs, None, "N",
          "exit 69 instead of 75 once the same stage has answered 75 for N "
          "runs in a row (a fault that never heals)"),
     )),
     ("output and logging", (
-        ("json", None, HOW, "flag", False, None,
+        ("json", None, HOW_IT_RUNS, "flag", False, None,
          "print one JSON object with the verdict on stdout"),
-        ("verbose", "-v", HOW, "flag", False, None,
+        ("verbose", "-v", HOW_IT_RUNS, "flag", False, None,
          "print the log line on stderr, even under cron"),
-        ("quiet", "-q", HOW, "flag", False, None, "print nothing on stderr"),
-        ("syslog-facility", None, HOW, parse_facility, FACILITIES["user"], "NAME",
+        ("quiet", "-q", HOW_IT_RUNS, "flag", False, None, "print nothing on stderr"),
+        ("syslog-facility", None, HOW_IT_RUNS, parse_facility, FACILITIES["user"], "NAME",
          "syslog facility (default user)"),
-        ("syslog-address", None, HOW, parse_syslog_address, DEFAULT_SYSLOG_ADDRESS,
+        ("syslog-address", None, HOW_IT_RUNS, parse_syslog_address, DEFAULT_SYSLOG_ADDRESS,
          "PATH|HOST:PORT", "syslog socket path or UDP collector (default %s)"
          % DEFAULT_SYSLOG_ADDRESS),
-        ("no-syslog", None, HOW, "flag", False, None, "do not write to syslog"),
-        ("debug", None, HOW, "flag", False, None, "show a traceback on internal errors"),
+        ("no-syslog", None, HOW_IT_RUNS, "flag", False, None, "do not write to syslog"),
+        ("debug", None, HOW_IT_RUNS, "flag", False, None, "show a traceback on internal errors"),
     )),
 )
 
@@ -3957,7 +3992,7 @@ def tls_context(opts):
             sanitise(opts.cafile), sanitise(exc)), "config")
 
 
-# ---- Files root reads or writes (trusted, bounded); errors, small utilities --
+# ---- Files root reads or writes (trusted, bounded); small utilities ---------
 
 def untrusted(path):
     """Why someone other than this user or root could have written path, or
@@ -4100,38 +4135,6 @@ def write_atomic(path, data, mode):
             raise
     finally:
         os.close(dfd)
-
-
-class UsageError(Exception):
-    """A bad flag or flag value: exit 64 with a message on stderr."""
-
-
-class ConfigError(Exception):
-    """A bad config file, environment value or OLLAMA_HOST: exit 78."""
-
-
-class Fail(Exception):
-    """A stage ended the run: exit status, reason, and the HTTP status and message if any."""
-
-    def __init__(self, code, reason, stage=None, status=None, detail=None, busy=False):
-        Exception.__init__(self, reason)
-        self.code, self.reason, self.stage = code, reason, stage
-        self.status, self.detail = status, detail
-        self.busy = busy            # a 75 of a GPU in use by others: it answered
-
-
-class TimedOut(Exception):
-    """A socket timed out; the stage turns it into a reason with context."""
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived; BaseException so no handler swallows it."""
-    signum = property(lambda self: self.args[0])
-
-
-class _ParserExit(Exception):
-    """argparse finished (--help, --version, a usage error) with this status."""
-    status = property(lambda self: self.args[0])
 
 
 def is_digits(text):

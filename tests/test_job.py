@@ -251,9 +251,14 @@ class LockTest(JobCase):
         self.assertEqual(self.run_gp(args).code, 0)
         self.assertEqual(len(self.sink.messages()), 1)
         release = self.path("release")      # the job holds the lock until then
-        job = self.start(args + ["--", "/bin/sh", "-c",
-                                 'while [ ! -e "$0" ]; do sleep 0.05; done', release])
+        started = self.path("started")      # written once the check became the job
+        job = self.start(args + ["--", "/bin/sh", "-c", ': > "$1"; while [ ! -e "$0" ]; '
+                                 'do sleep 0.05; done', release, started])
         support.wait_for_flock([lock])
+        waited = time.monotonic()           # its metrics and state written before it
+        while not os.path.exists(started):
+            self.assertLess(time.monotonic() - waited, 30, "the job never started")
+            time.sleep(0.02)
         self.sink.messages(wait=0.2)
         with open(self.path("m.prom")) as handle:
             before = handle.read()

@@ -197,7 +197,7 @@ class ReferenceTest(unittest.TestCase):
                 if name == "config":        # not an option of the check (NOT_A_CHECK)
                     self.assertEqual(check, "", line)
                     continue
-                self.assertIn(role[name], (gp.CHECK, gp.HOW), name)
+                self.assertIn(role[name], (gp.CHECK, gp.HOW_IT_RUNS), name)
                 self.assertEqual(check, "yes" if role[name] == gp.CHECK else "", line)
 
 

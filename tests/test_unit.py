@@ -702,17 +702,17 @@ class ConfigPrecedenceTest(unittest.TestCase):
         attempt), a --deadline given does not."""
         opts = self.resolve(["--wait", "5"])
         self.assertEqual((opts.load_timeout, opts.deadline), (60.0, 15.0))
-        run = gp.Run(opts, 100.0)
+        run = gp.Attempt(opts, 100.0)
         run.make_room_for_loads(0)
         self.assertEqual(run.deadline_s(), 15.0)
         run.make_room_for_loads(2)
         self.assertEqual((run.deadline_at, run.deadline_s()), (235.0, 135.0))
         self.assertEqual(run.next_attempt().deadline_at, 235.0)
         for argv in (["--deadline", "15"], ["--deadline", "15", "--load-timeout", "5"]):
-            run = gp.Run(self.resolve(argv), 100.0)
+            run = gp.Attempt(self.resolve(argv), 100.0)
             run.make_room_for_loads(2)
             self.assertEqual(run.deadline_s(), 15.0)
-        run = gp.Run(self.resolve([], {}, {"load-timeout": "5"}), 100.0)
+        run = gp.Attempt(self.resolve([], {}, {"load-timeout": "5"}), 100.0)
         run.make_room_for_loads(1)
         self.assertEqual(run.deadline_s(), 15.0)
 
@@ -908,7 +908,7 @@ class StateKeyTest(unittest.TestCase):
         base = self.key()
         roles = dict((o.name, o.role) for o in gp.each_option())
         self.assertEqual(set(roles), set(self.OTHER), "classify and sample every option")
-        self.assertIn(gp.HOW, roles.values())
+        self.assertIn(gp.HOW_IT_RUNS, roles.values())
         for name, role in sorted(roles.items()):
             with self.subTest(option=name, role=role):
                 value = self.OTHER[name]
@@ -916,12 +916,12 @@ class StateKeyTest(unittest.TestCase):
                 if role == gp.CHECK:
                     self.assertNotEqual(self.key(argv), base)
                 else:
-                    self.assertEqual(role, gp.HOW)
+                    self.assertEqual(role, gp.HOW_IT_RUNS)
                     self.assertEqual(self.key(argv), base)
         for name in ("insecure", "cafile", "api", "host", "model", "timeout"):
             self.assertEqual(roles[name], gp.CHECK, name)
         for name in ("verbose", "json", "metrics-file", "quiet", "debug"):
-            self.assertEqual(roles[name], gp.HOW, name)
+            self.assertEqual(roles[name], gp.HOW_IT_RUNS, name)
 
     def test_the_token_and_the_environment_that_changes_the_check_change_the_key(self):
         # the GPUs selected, the sysfs root, the CA store without --cafile,
