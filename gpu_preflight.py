@@ -1912,9 +1912,9 @@ def judge_gpus(gpus, opts):
 
 
 def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
-               temp=None, error=None):
+               temp=None, error=None, pci=None):
     """One GPU as every backend reports it; None is "cannot be read"."""
-    return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
+    return {"index": index, "uuid": uuid, "name": name, "pci": pci, "total_mib": total,
             "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
             "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True,
             "error": error, "health": None, "pending": None}
@@ -2067,7 +2067,7 @@ def probe_nvml(run, ends_at):
 
 def nvml_structs(c):
     """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3),
-    nvmlGpuFabricInfo_v3_t and nvmlFieldValue_t as ctypes classes."""
+    nvmlGpuFabricInfo_v3_t, nvmlFieldValue_t and nvmlPciInfo_t as ctypes classes."""
     def struct(name, *fields):
         return type(name, (c.Structure,), {"_fields_": list(fields)})
     uint, ull = c.c_uint, c.c_ulonglong
@@ -2086,7 +2086,10 @@ def nvml_structs(c):
             # has drivers for.
             struct("FieldValue", ("fieldId", uint), ("scopeId", uint),
                    ("timestamp", c.c_longlong), ("latencyUsec", c.c_longlong),
-                   ("valueType", c.c_int), ("nvmlReturn", c.c_int), ("value", ull)))
+                   ("valueType", c.c_int), ("nvmlReturn", c.c_int), ("value", ull)),
+            struct("PciInfo", ("busIdLegacy", c.c_char * 16), ("domain", uint),
+                   ("bus", uint), ("device", uint), ("pciDeviceId", uint),
+                   ("pciSubSystemId", uint), ("busId", c.c_char * 32)))
 
 
 #: Where NVML lives when dlopen's own search fails (never a CUDA toolkit
@@ -2266,7 +2269,7 @@ class Nvml(object):
             gpu["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
             return [gpu]
         gpu = gpu_record(index, self.text("nvmlDeviceGetUUID", handle),
-                         self.text("nvmlDeviceGetName", handle))
+                         self.text("nvmlDeviceGetName", handle), pci=self.pci(handle))
         self.measure(handle, gpu)
         if gpu["error"]:
             return [gpu]
@@ -2277,6 +2280,13 @@ class Nvml(object):
                                   c.c_int(NVML_TEMPERATURE_GPU))
         self.health(handle, gpu)
         return [gpu] + self.mig_devices(handle, gpu)
+
+    def pci(self, handle):
+        """The GPU's PCI bus id ("00000000:3B:00.0"), or None (a driver without
+        nvmlDeviceGetPciInfo_v3 is not asked its older calls)."""
+        info = self.structs[6]()
+        code = self.call("nvmlDeviceGetPciInfo_v3", handle, self.c.byref(info))
+        return None if code else info.busId.decode("ascii", "replace")
 
     def mig_devices(self, handle, gpu):
         """The MIG devices of a GPU in MIG mode, each judged by its own figures."""
@@ -2340,7 +2350,7 @@ class Nvml(object):
             ecc.value if self.call(
                 "nvmlDeviceGetTotalEccErrors", handle, c.c_int(NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
                 c.c_int(NVML_VOLATILE_ECC), c.byref(ecc)) == 0 else None)
-        FabricInfo, FieldValue = self.structs[4:]
+        FabricInfo, FieldValue = self.structs[4:6]
         field = FieldValue(fieldId=NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
         code = self.call("nvmlDeviceGetFieldValues", handle, c.c_int(1), c.byref(field))
         fabric = FabricInfo(version=NVML_GPU_FABRIC_INFO_V3)
@@ -2464,7 +2474,7 @@ def probe_smi(run, ends_at):
     if status in (NVML_LIBRARY_NOT_FOUND, 127):
         return "nvidia-smi: %s (exit %d)" % (said, status)
     gpus, lost = parse_smi_csv(text)
-    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why))
+    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why), pci=bus)
              for index, bus, why in lost]
     if status not in (0, None) and not lost:    # a GPU failed, and which is unknown
         raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, sanitise(
@@ -2497,7 +2507,7 @@ def parse_smi_csv(text):
         value = dict(zip(SMI_FIELDS, fields))
         number = lambda key: figure(value[key])
         gpus.append(gpu_record(
-            number("index"), value["uuid"], value["name"],
+            number("index"), value["uuid"], value["name"], pci=value["pci.bus_id"],
             total=number("memory.total"), free=number("memory.free"),
             util=number("utilization.gpu"), temp=number("temperature.gpu")))
     return gpus, lost
