@@ -1751,7 +1751,7 @@ def check_gpu(run):
             raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
         short = too_few_gpus(gpus, opts.expect_gpus)
         if short:
-            raise Fail(EX_UNAVAILABLE, short)
+            raise Fail(EX_UNAVAILABLE, short + unseen_gpus(gpus, nvidia_pci_devices(), name))
         selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
         for gpu in gpus:
             gpu["selected"] = gpu in selected
@@ -1802,19 +1802,34 @@ def first_backend(run, ends_at):
 
 def nvidia_present():
     """Whether there is an NVIDIA GPU: a 0x10de PCI display controller, or /dev/nvidiaN."""
+    if nvidia_pci_devices():
+        return True
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
-    devices = os.path.join(root, "sys/bus/pci/devices")
-    for device in os.listdir(devices) if os.path.isdir(devices) else ():
+    dev = os.path.join(root, "dev")
+    return any(re.match(r"^nvidia\d+$", n) for n in
+               (os.listdir(dev) if os.path.isdir(dev) else ()))
+
+
+def nvidia_pci_devices():
+    """The addresses ("0000:3b:00.0") of the NVIDIA display controllers (vendor
+    0x10de, class 0x03xxxx: no audio function, no NVSwitch) under
+    /sys/bus/pci/devices, bound to a driver or not; [] when unreadable."""
+    devices = os.path.join(os.environ.get(ENV_PREFIX + "ROOT", "/") or "/",
+                           "sys/bus/pci/devices")
+    try:
+        names = sorted(os.listdir(devices))
+    except OSError:
+        return []
+    found = []
+    for device in names:
         try:
             ids = [read_small_file(os.path.join(devices, device, name), 64).strip()
                    for name in ("vendor", "class")]
         except (OSError, ValueError):
             continue
         if ids[0] == b"0x10de" and ids[1].startswith(b"0x03"):
-            return True
-    dev = os.path.join(root, "dev")
-    return any(re.match(r"^nvidia\d+$", n) for n in
-               (os.listdir(dev) if os.path.isdir(dev) else ()))
+            found.append(device)
+    return found
 
 
 def too_few_gpus(gpus, expected):
@@ -1824,6 +1839,35 @@ def too_few_gpus(gpus, expected):
     if expected is None or seen >= expected:
         return None
     return "%d of %d GPUs visible (--expect-gpus)" % (seen, expected)
+
+
+#: The most PCI addresses a reason names.
+MAX_UNSEEN = 8
+
+
+def unseen_gpus(gpus, present, backend):
+    """'; not seen by NVML: 0000:3b:00.0' naming the PCI addresses in present
+    (sysfs's NVIDIA GPUs) that none of the backend's whole GPUs has; "" when
+    there are none, or when one of them has no bus id (a GPU whose handle
+    failed may be any of them; AMD's records have none)."""
+    known = [pci_address(g["pci"]) for g in gpus if not g["parent"]]
+    if None in known:
+        return ""
+    unseen = ["%04x:%02x:%02x.%x" % a for a in sorted(set(map(pci_address, present))
+                                                       - set(known) - {None})]
+    if not unseen:
+        return ""
+    return "; not seen by %s: %s%s" % (
+        "NVML" if backend == "nvml" else backend, ", ".join(unseen[:MAX_UNSEEN]),
+        " and %d more" % (len(unseen) - MAX_UNSEEN) if len(unseen) > MAX_UNSEEN else "")
+
+
+def pci_address(text):
+    """(domain, bus, device, function) of a PCI address however written:
+    "00000000:3B:00.0" (NVML, nvidia-smi), "0000:3b:00.0" (sysfs); else None."""
+    found = re.match(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])\Z",
+                     text or "")
+    return tuple(int(n, 16) for n in found.groups()) if found else None
 
 
 def gpu_label(gpu):
