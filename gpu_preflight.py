@@ -1786,7 +1786,7 @@ def check_gpu(run):
             raise Fail(EX_UNAVAILABLE, "%s found no GPU" % name)
         short = too_few_gpus(gpus, opts.expect_gpus)
         if short:
-            raise Fail(EX_UNAVAILABLE, short)
+            raise Fail(EX_UNAVAILABLE, short + unseen_gpus(gpus, nvidia_pci_devices(), name))
         selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
         for gpu in gpus:
             gpu["selected"] = gpu in selected
@@ -1837,19 +1837,34 @@ def first_backend(run, ends_at):
 
 def nvidia_present():
     """Whether there is an NVIDIA GPU: a 0x10de PCI display controller, or /dev/nvidiaN."""
+    if nvidia_pci_devices():
+        return True
     root = os.environ.get(ENV_PREFIX + "ROOT", "/") or "/"
-    devices = os.path.join(root, "sys/bus/pci/devices")
-    for device in os.listdir(devices) if os.path.isdir(devices) else ():
+    dev = os.path.join(root, "dev")
+    return any(re.match(r"^nvidia\d+$", n) for n in
+               (os.listdir(dev) if os.path.isdir(dev) else ()))
+
+
+def nvidia_pci_devices():
+    """The addresses ("0000:3b:00.0") of the NVIDIA display controllers (vendor
+    0x10de, class 0x03xxxx: no audio function, no NVSwitch) under
+    /sys/bus/pci/devices, bound to a driver or not; [] when unreadable."""
+    devices = os.path.join(os.environ.get(ENV_PREFIX + "ROOT", "/") or "/",
+                           "sys/bus/pci/devices")
+    try:
+        names = sorted(os.listdir(devices))
+    except OSError:
+        return []
+    found = []
+    for device in names:
         try:
             ids = [read_small_file(os.path.join(devices, device, name), 64).strip()
                    for name in ("vendor", "class")]
         except (OSError, ValueError):
             continue
         if ids[0] == b"0x10de" and ids[1].startswith(b"0x03"):
-            return True
-    dev = os.path.join(root, "dev")
-    return any(re.match(r"^nvidia\d+$", n) for n in
-               (os.listdir(dev) if os.path.isdir(dev) else ()))
+            found.append(device)
+    return found
 
 
 def too_few_gpus(gpus, expected):
@@ -1859,6 +1874,35 @@ def too_few_gpus(gpus, expected):
     if expected is None or seen >= expected:
         return None
     return "%d of %d GPUs visible (--expect-gpus)" % (seen, expected)
+
+
+#: The most PCI addresses a reason names.
+MAX_UNSEEN = 8
+
+
+def unseen_gpus(gpus, present, backend):
+    """'; not seen by NVML: 0000:3b:00.0' naming the PCI addresses in present
+    (sysfs's NVIDIA GPUs) that none of the backend's whole GPUs has; "" when
+    there are none, or when one of them has no bus id (a GPU whose handle
+    failed may be any of them; AMD's records have none)."""
+    known = [pci_address(g["pci"]) for g in gpus if not g["parent"]]
+    if None in known:
+        return ""
+    unseen = ["%04x:%02x:%02x.%x" % a for a in sorted(set(map(pci_address, present))
+                                                       - set(known) - {None})]
+    if not unseen:
+        return ""
+    return "; not seen by %s: %s%s" % (
+        "NVML" if backend == "nvml" else backend, ", ".join(unseen[:MAX_UNSEEN]),
+        " and %d more" % (len(unseen) - MAX_UNSEEN) if len(unseen) > MAX_UNSEEN else "")
+
+
+def pci_address(text):
+    """(domain, bus, device, function) of a PCI address however written:
+    "00000000:3B:00.0" (NVML, nvidia-smi), "0000:3b:00.0" (sysfs); else None."""
+    found = re.match(r"([0-9A-Fa-f]{1,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])\Z",
+                     text or "")
+    return tuple(int(n, 16) for n in found.groups()) if found else None
 
 
 def gpu_label(gpu):
@@ -1947,9 +1991,9 @@ def judge_gpus(gpus, opts):
 
 
 def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
-               temp=None, error=None):
+               temp=None, error=None, pci=None):
     """One GPU as every backend reports it; None is "cannot be read"."""
-    return {"index": index, "uuid": uuid, "name": name, "total_mib": total,
+    return {"index": index, "uuid": uuid, "name": name, "pci": pci, "total_mib": total,
             "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
             "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True,
             "error": error, "health": None, "pending": None}
@@ -2102,7 +2146,7 @@ def probe_nvml(run, ends_at):
 
 def nvml_structs(c):
     """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3),
-    nvmlGpuFabricInfo_v3_t and nvmlFieldValue_t as ctypes classes."""
+    nvmlGpuFabricInfo_v3_t, nvmlFieldValue_t and nvmlPciInfo_t as ctypes classes."""
     def struct(name, *fields):
         return type(name, (c.Structure,), {"_fields_": list(fields)})
     uint, ull = c.c_uint, c.c_ulonglong
@@ -2121,7 +2165,10 @@ def nvml_structs(c):
             # has drivers for.
             struct("FieldValue", ("fieldId", uint), ("scopeId", uint),
                    ("timestamp", c.c_longlong), ("latencyUsec", c.c_longlong),
-                   ("valueType", c.c_int), ("nvmlReturn", c.c_int), ("value", ull)))
+                   ("valueType", c.c_int), ("nvmlReturn", c.c_int), ("value", ull)),
+            struct("PciInfo", ("busIdLegacy", c.c_char * 16), ("domain", uint),
+                   ("bus", uint), ("device", uint), ("pciDeviceId", uint),
+                   ("pciSubSystemId", uint), ("busId", c.c_char * 32)))
 
 
 #: Where NVML lives when dlopen's own search fails (never a CUDA toolkit
@@ -2301,7 +2348,7 @@ class Nvml(object):
             gpu["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
             return [gpu]
         gpu = gpu_record(index, self.text("nvmlDeviceGetUUID", handle),
-                         self.text("nvmlDeviceGetName", handle))
+                         self.text("nvmlDeviceGetName", handle), pci=self.pci(handle))
         self.measure(handle, gpu)
         if gpu["error"]:
             return [gpu]
@@ -2312,6 +2359,13 @@ class Nvml(object):
                                   c.c_int(NVML_TEMPERATURE_GPU))
         self.health(handle, gpu)
         return [gpu] + self.mig_devices(handle, gpu)
+
+    def pci(self, handle):
+        """The GPU's PCI bus id ("00000000:3B:00.0"), or None (a driver without
+        nvmlDeviceGetPciInfo_v3 is not asked its older calls)."""
+        info = self.structs[6]()
+        code = self.call("nvmlDeviceGetPciInfo_v3", handle, self.c.byref(info))
+        return None if code else info.busId.decode("ascii", "replace")
 
     def mig_devices(self, handle, gpu):
         """The MIG devices of a GPU in MIG mode, each judged by its own figures."""
@@ -2375,7 +2429,7 @@ class Nvml(object):
             ecc.value if self.call(
                 "nvmlDeviceGetTotalEccErrors", handle, c.c_int(NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
                 c.c_int(NVML_VOLATILE_ECC), c.byref(ecc)) == 0 else None)
-        FabricInfo, FieldValue = self.structs[4:]
+        FabricInfo, FieldValue = self.structs[4:6]
         field = FieldValue(fieldId=NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
         code = self.call("nvmlDeviceGetFieldValues", handle, c.c_int(1), c.byref(field))
         fabric = FabricInfo(version=NVML_GPU_FABRIC_INFO_V3)
@@ -2499,7 +2553,7 @@ def probe_smi(run, ends_at):
     if status in (NVML_LIBRARY_NOT_FOUND, 127):
         return "nvidia-smi: %s (exit %d)" % (said, status)
     gpus, lost = parse_smi_csv(text)
-    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why))
+    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why), pci=bus)
              for index, bus, why in lost]
     if status not in (0, None) and not lost:    # a GPU failed, and which is unknown
         raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, sanitise(
@@ -2532,7 +2586,7 @@ def parse_smi_csv(text):
         value = dict(zip(SMI_FIELDS, fields))
         number = lambda key: figure(value[key])
         gpus.append(gpu_record(
-            number("index"), value["uuid"], value["name"],
+            number("index"), value["uuid"], value["name"], pci=value["pci.bus_id"],
             total=number("memory.total"), free=number("memory.free"),
             util=number("utilization.gpu"), temp=number("temperature.gpu")))
     return gpus, lost

@@ -49,12 +49,13 @@
  *
  * Figures: every GPU is an "NVIDIA H200", 143771 MiB total, 542 MiB
  * reserved; UUID of GPU i is GPU-<8 x hex digit 10+i>-5e1f-4c2d-9a7b-
- * 0123456789ab. v2 memory: free GPU used 0, busy 102400 MiB, MIG parent
- * 20480 MiB; free = total - reserved - used. The v1 call reports the older
- * accounting on purpose: used = v2 used + reserved + 1024 MiB, free = v2 free
- * - 1024 MiB. Utilisation 0/0 free, 97/60 busy. Temperature 29 free, 83 busy,
- * 40 MIG. A busy GPU runs pid 4242 (102400 MiB); a MIG parent runs pid 4343
- * (20480 MiB, on MIG slot 0).
+ * 0123456789ab; its PCI bus id 00000000:6<i+1>:00.0, the fake nvidia-smi's
+ * pci.bus_id (tests/fakes.py pci_bus_id). v2 memory: free GPU used 0, busy
+ * 102400 MiB, MIG parent 20480 MiB; free = total - reserved - used. The v1
+ * call reports the older accounting on purpose: used = v2 used + reserved +
+ * 1024 MiB, free = v2 free - 1024 MiB. Utilisation 0/0 free, 97/60 busy.
+ * Temperature 29 free, 83 busy, 40 MIG. A busy GPU runs pid 4242 (102400
+ * MiB); a MIG parent runs pid 4343 (20480 MiB, on MIG slot 0).
  *
  * MIG mode: slots 0 and 1 hold MIG devices (UUID MIG-<8 x parent digit>-
  * 0000-4000-8000-00000000000<slot>, name "NVIDIA H200 MIG 3g.71gb", 71680 MiB
@@ -217,6 +218,18 @@ typedef nvmlGpuFabricInfo_v3_t nvmlGpuFabricInfoV_t;
 #define nvmlGpuFabricInfo_v2 ((unsigned int)(36 | (2 << 24U)))
 #define NVML_GPU_FABRIC_STATE_NOT_SUPPORTED 0
 #define NVML_GPU_FABRIC_STATE_COMPLETED 3
+
+/* 68 bytes; busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE], busId[NVML_
+ * DEVICE_PCI_BUS_ID_BUFFER_SIZE] */
+typedef struct nvmlPciInfo_st {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
 #endif /* FAKE_NVML_WITH_HEADER */
 
 #define MIB 1048576ULL
@@ -985,3 +998,29 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device,
     return NVML_SUCCESS;
 }
 #endif
+
+/* ---- PCI ------------------------------------------------------------ */
+
+/* GPU i on bus 0x61 + i of domain 0, in nvml.h's formats
+ * (NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT "%04X:%02X:%02X.0" and
+ * NVML_DEVICE_PCI_BUS_ID_FMT "%08X:%02X:%02X.0"); an H200's ids (device
+ * 0x2335, vendor 0x10de). The script asks whole GPUs only (a MIG handle
+ * gets its parent's here, untested against a real driver). */
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    DEVICE_ENTRY(device, d);
+
+    if (pci == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->domain = 0;
+    pci->bus = 0x61u + (unsigned int)d->index;
+    pci->device = 0;
+    pci->pciDeviceId = 0x233510deu;
+    pci->pciSubSystemId = 0x18be10deu;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.0",
+             pci->domain, pci->bus, pci->device);
+    snprintf(pci->busId, sizeof pci->busId, "%08X:%02X:%02X.0",
+             pci->domain, pci->bus, pci->device);
+    return NVML_SUCCESS;
+}

@@ -318,13 +318,14 @@ def _write(path, text):
         handle.write(text)
 
 
-def add_pci_display(root, bdf, vendor):
+def add_pci_display(root, bdf, vendor, pci_class="0x030000"):
     """A PCI display controller under root's /sys/bus/pci/devices (a link into
-    /sys/devices, as on a real host): vendor "0x10de" NVIDIA, "0x1002" AMD."""
+    /sys/devices, as on a real host): vendor "0x10de" NVIDIA, "0x1002" AMD;
+    pci_class another device's ("0x040300" a GPU's audio function)."""
     device = os.path.join(root, "sys", "devices", "pci0000:00", bdf)
     os.makedirs(device, exist_ok=True)
     _write(os.path.join(device, "vendor"), vendor + "\n")
-    _write(os.path.join(device, "class"), "0x030000\n")
+    _write(os.path.join(device, "class"), pci_class + "\n")
     bus = os.path.join(root, "sys", "bus", "pci", "devices")
     os.makedirs(bus, exist_ok=True)
     os.symlink(os.path.join("..", "..", "..", "devices", "pci0000:00", bdf),

@@ -86,6 +86,17 @@ class GpuCase(ContractCase):
         env = dict(env, FAKE_SMI_MODE=mode, PATH=self.smi_dir + ":/usr/bin:/bin")
         return self.gpu(["--gpu-backend", "nvidia-smi"] + list(args), env, deadline=4)
 
+    def nvidia_sysfs(self, count):
+        """A GPU_PREFLIGHT_ROOT whose sysfs lists count NVIDIA GPUs on buses
+        0x61.. (the fakes' bus ids), each GPU's audio function and an NVSwitch."""
+        root = tempfile.mkdtemp(dir=self.dir)
+        for index in range(count):
+            fakes.add_pci_display(root, fakes.pci_bus_id(index)[4:].lower(), "0x10de")
+            fakes.add_pci_display(root, fakes.pci_bus_id(index)[4:-1].lower() + "1",
+                                  "0x10de", "0x040300")
+        fakes.add_pci_display(root, "0000:05:00.0", "0x10de", "0x068000")
+        return root
+
     def leftover_probes(self):
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -397,6 +408,26 @@ class NvmlTest(GpuCase):
                                      GPU_PREFLIGHT_NVML_LIB=self.lib))
         self.assertVerdict(res, doc, 69, "1 of 2 GPUs visible")
 
+    def test_expect_gpus_names_the_pci_addresses_nvml_does_not_see(self):
+        res, doc = self.nvml(["--expect-gpus", "8"], FAKE_NVML_COUNT="7",
+                             GPU_PREFLIGHT_ROOT=self.nvidia_sysfs(8))
+        self.assertVerdict(res, doc, 69)
+        self.assertEqual(doc["reason"], "7 of 8 GPUs visible (--expect-gpus); not seen by "
+                         "NVML: 0000:68:00.0")
+        self.assertEqual([g["pci"] for g in doc["gpu"]["gpus"]],
+                         [fakes.pci_bus_id(i) for i in range(7)])
+
+    def test_expect_gpus_names_no_address_sysfs_does_not_list_or_a_lost_gpu_may_hold(self):
+        """sysfs lists what NVML sees: the reason as without sysfs. A GPU NVML
+        counts but cannot open has no bus id: the address may be its own."""
+        for mode, listed in (("free", 7), ("lost", 8)):
+            with self.subTest(mode=mode):
+                self.sink.messages(wait=0.01)
+                res, doc = self.nvml(["--expect-gpus", "8"], mode, FAKE_NVML_COUNT="7",
+                                     GPU_PREFLIGHT_ROOT=self.nvidia_sysfs(listed))
+                self.assertVerdict(res, doc, 69)
+                self.assertEqual(doc["reason"], "7 of 8 GPUs visible (--expect-gpus)")
+
     def test_bad_expect_gpus_is_64_as_a_flag_and_78_from_the_environment(self):
         for bad in ("0", "-1", "x", ""):
             res = support.run_script(["--expect-gpus", bad])
@@ -651,6 +682,19 @@ class SmiTest(GpuCase):
         self.assertVerdict(res, doc, 69, "2 of 3 GPUs visible")
         res, doc = self.smi(["--expect-gpus", "2"], FAKE_SMI_COUNT="2")
         self.assertVerdict(res, doc, 0)
+
+    def test_expect_gpus_names_the_pci_addresses_nvidia_smi_does_not_list(self):
+        """A GPU nvidia-smi cannot read ("...for GPU1: 0000:62:00.0: GPU is
+        lost") is counted, and so is its address: only 0000:64:00.0 is unseen."""
+        for mode in ("free", "lost"):
+            with self.subTest(mode=mode):
+                self.sink.messages(wait=0.01)
+                res, doc = self.smi(["--expect-gpus", "4"], mode, FAKE_SMI_COUNT="3",
+                                    FAKE_SMI_LOST_INDEX="1",
+                                    GPU_PREFLIGHT_ROOT=self.nvidia_sysfs(4))
+                self.assertVerdict(res, doc, 69)
+                self.assertEqual(doc["reason"], "3 of 4 GPUs visible (--expect-gpus); not "
+                                 "seen by nvidia-smi: 0000:64:00.0")
 
     def test_free_gpu_and_the_exact_query_in_the_c_locale(self):
         log = os.path.join(self.dir, "smi-%s.log" % self.token)

@@ -36,7 +36,8 @@ import support
 
 #: The ctypes classes nvml_structs() returns, in order, and nvml.h's names.
 STRUCTS = ("nvmlMemory_t", "nvmlMemory_v2_t", "nvmlProcessInfo_v1_t",
-           "nvmlProcessInfo_v2_t", "nvmlGpuFabricInfo_v3_t", "nvmlFieldValue_t")
+           "nvmlProcessInfo_v2_t", "nvmlGpuFabricInfo_v3_t", "nvmlFieldValue_t",
+           "nvmlPciInfo_t")
 #: Script constants whose nvml.h name is not NVML_ERROR_<rest> or the same.
 CONSTANT_NAMES = {"NVML_MEMORY_V2": "nvmlMemory_v2",
                   "NVML_GPU_FABRIC_INFO_V3": "nvmlGpuFabricInfo_v3",

@@ -483,6 +483,41 @@ class GpuParseTest(unittest.TestCase):
                                  (3, "2 of 3 GPUs visible (--expect-gpus)")):
             self.assertEqual(gp.too_few_gpus(gpus, expected), reason, expected)
 
+    def test_pci_address_reads_every_backends_spelling(self):
+        for text, address in (("00000000:3B:00.0", (0, 0x3b, 0, 0)),   # NVML, nvidia-smi
+                              ("0000:3b:00.0", (0, 0x3b, 0, 0)),       # sysfs, lost GPUs
+                              ("0001:C1:1f.1", (1, 0xc1, 0x1f, 1)),
+                              ("00010000:3b:00.0", (0x10000, 0x3b, 0, 0)),
+                              ("[N/A]", None), ("", None), (None, None),
+                              ("0000:3b:00.0\n", None), ("0000:3b:00.8", None),
+                              ("000000000:3b:00.0", None), ("3b:00.0", None)):
+            self.assertEqual(gp.pci_address(text), address, text)
+
+    def test_unseen_gpus_names_sysfs_addresses_the_driver_lacks(self):
+        def gpus(*buses):
+            return [gp.gpu_record(i, "GPU-%d" % i, "x", pci=bus) for i, bus in enumerate(buses)]
+        sysfs = ["0000:%02x:00.0" % bus for bus in range(0x61, 0x69)]
+        seven = gpus(*["00000000:%02X:00.0" % bus for bus in range(0x61, 0x68)])
+        mig = gp.gpu_record(0, "MIG-a", "slice")
+        mig["parent"] = "GPU-0"        # no bus id of its own, and no GPU
+        lost = gpus(*["00000000:%02X:00.0" % bus for bus in range(0x61, 0x67)] + [None])
+        for name, found, present, backend, want in (
+                ("one missing", seven, sysfs, "nvml", "; not seen by NVML: 0000:68:00.0"),
+                ("a MIG device", seven + [mig], sysfs, "nvml",
+                 "; not seen by NVML: 0000:68:00.0"),
+                ("smi", seven, sysfs, "nvidia-smi", "; not seen by nvidia-smi: 0000:68:00.0"),
+                ("sysfs agrees", seven, sysfs[:7], "nvml", ""),
+                ("sysfs unreadable", seven, [], "nvml", ""),
+                ("a GPU without a bus id", lost, sysfs, "nvml", ""),
+                ("AMD", gpus(None), sysfs, "amd-sysfs", ""),
+                ("junk in sysfs", seven, ["0000:68:00.0", "junk", "0000:68:00.0"], "nvml",
+                 "; not seen by NVML: 0000:68:00.0"),
+                ("capped", gpus("0000:01:00.0"), sysfs + ["0001:00:00.0", "0002:00:00.0"],
+                 "nvml", "; not seen by NVML: 0000:61:00.0, 0000:62:00.0, 0000:63:00.0, "
+                 "0000:64:00.0, 0000:65:00.0, 0000:66:00.0, 0000:67:00.0, 0000:68:00.0 "
+                 "and 2 more")):
+            self.assertEqual(gp.unseen_gpus(found, present, backend), want, name)
+
     def test_verdict_need_all_and_any(self):
         free = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
         busy = gp.gpu_record(1, "GPU-b", "x", free=10, util=99, procs=2, temp=30)
