@@ -309,7 +309,7 @@ def check_until_ready(run, shared):
             time.sleep(max(0.0, min(opts.jitter * _random(), run.deadline_at
                                     - time.monotonic() - opts.timeout)))
         if state is None and share:
-            state = shared.wait_for_other_check(run)     # wait for a check in flight, then look again
+            state = shared.wait_for_other_check(run)     # then look again
         if state is not None:
             run.reuse(state)
             if state["code"] == EX_OK or retry_time(run) <= 0:
@@ -2144,14 +2144,21 @@ def probe_nvml(run, ends_at):
     raise Fail(EX_UNAVAILABLE, "NVML failed: %s" % text)
 
 
+#: The nvml.h structs the probe passes, as ctypes classes: nvmlMemory_t,
+#: _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3), nvmlGpuFabricInfo_v3_t,
+#: nvmlFieldValue_t and nvmlPciInfo_t.
+NvmlStructs = collections.namedtuple(
+    "NvmlStructs", "Memory MemoryV2 Process ProcessV2 FabricInfo FieldValue PciInfo")
+
+
 def nvml_structs(c):
-    """nvml.h's nvmlMemory_t, _v2_t, nvmlProcessInfo_v1_t, _v2_t (also _v3),
-    nvmlGpuFabricInfo_v3_t, nvmlFieldValue_t and nvmlPciInfo_t as ctypes classes."""
+    """The NvmlStructs, built on ctypes module c (in the probe's child)."""
     def struct(name, *fields):
         return type(name, (c.Structure,), {"_fields_": list(fields)})
     uint, ull = c.c_uint, c.c_ulonglong
     process = (("pid", uint), ("usedGpuMemory", ull))
-    return (struct("Memory", ("total", ull), ("free", ull), ("used", ull)),
+    return NvmlStructs(
+            struct("Memory", ("total", ull), ("free", ull), ("used", ull)),
             struct("MemoryV2", ("version", uint), ("total", ull), ("reserved", ull),
                    ("free", ull), ("used", ull)),
             struct("Process", *process),
@@ -2363,7 +2370,7 @@ class Nvml(object):
     def pci(self, handle):
         """The GPU's PCI bus id ("00000000:3B:00.0"), or None (a driver without
         nvmlDeviceGetPciInfo_v3 is not asked its older calls)."""
-        info = self.structs[6]()
+        info = self.structs.PciInfo()
         code = self.call("nvmlDeviceGetPciInfo_v3", handle, self.c.byref(info))
         return None if code else info.busId.decode("ascii", "replace")
 
@@ -2387,19 +2394,19 @@ class Nvml(object):
 
     def measure(self, handle, gpu):
         """Memory and compute processes, of a GPU or a MIG device."""
-        c, (Memory, MemoryV2, Process, ProcessV2) = self.c, self.structs[:4]
-        mem = MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
+        c, structs = self.c, self.structs
+        mem = structs.MemoryV2(version=NVML_MEMORY_V2)  # v1 "used" counts reserved memory
         code = self.call("nvmlDeviceGetMemoryInfo_v2", handle, c.byref(mem))
         if code:
-            mem = Memory()
+            mem = structs.Memory()
             code = self.call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
         if code == NVML_GPU_IS_LOST:
             gpu["error"] = self.error(code)
         elif code == 0:
             gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
-        for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", ProcessV2),
-                               ("nvmlDeviceGetComputeRunningProcesses_v2", ProcessV2),
-                               ("nvmlDeviceGetComputeRunningProcesses", Process)):
+        for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", structs.ProcessV2),
+                               ("nvmlDeviceGetComputeRunningProcesses_v2", structs.ProcessV2),
+                               ("nvmlDeviceGetComputeRunningProcesses", structs.Process)):
             number, rows = c.c_uint(0), ()
             code = self.call(function, handle, c.byref(number), None)
             if code == NVML_INSUFFICIENT_SIZE:   # two calls: size, then data
@@ -2429,10 +2436,9 @@ class Nvml(object):
             ecc.value if self.call(
                 "nvmlDeviceGetTotalEccErrors", handle, c.c_int(NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
                 c.c_int(NVML_VOLATILE_ECC), c.byref(ecc)) == 0 else None)
-        FabricInfo, FieldValue = self.structs[4:6]
-        field = FieldValue(fieldId=NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+        field = self.structs.FieldValue(fieldId=NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
         code = self.call("nvmlDeviceGetFieldValues", handle, c.c_int(1), c.byref(field))
-        fabric = FabricInfo(version=NVML_GPU_FABRIC_INFO_V3)
+        fabric = self.structs.FabricInfo(version=NVML_GPU_FABRIC_INFO_V3)
         status = self.call("nvmlDeviceGetGpuFabricInfoV", handle, c.byref(fabric))
         if status == NVML_ARGUMENT_VERSION_MISMATCH:
             fabric.version = NVML_GPU_FABRIC_INFO_V2
