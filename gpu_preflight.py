@@ -469,8 +469,12 @@ class Attempt(object):
     def interrupt(self, signum, stage):
         """The verdict of SIGINT or SIGTERM (stage: the Stage cut), over any other."""
         with self._lock:
-            where = (" during " + stage.what if stage else "" if self.code is None
-                     else " while waiting to retry (%s)" % self.reason)
+            if stage:
+                where = " during " + stage.what
+            elif self.code is None:
+                where = ""
+            else:                   # --wait: between two attempts
+                where = " while waiting to retry (%s)" % self.reason
             self.code, self.stage = 128 + signum, stage and stage.name
             self.reason = "interrupted by %s%s" % (signal.Signals(signum).name, where)
             self.wake.set()
@@ -520,13 +524,14 @@ class Attempt(object):
         else:
             text = "%s timed out after %gs" % (stage.what, stage.limit)
         if stage.name == "warmup" and stage.model["was_loaded"] is False:
+            bound, flag = "--load-timeout %gs" % stage.limit, "--load-timeout"
+            if cut:
+                bound, flag = "the deadline", "--deadline"
             text += ("; model %s was not loaded and did not load within %s (Ollama "
                      "drops a load when the client gives up): allow a longer load "
                      "(%s) or keep the model loaded on the server (OLLAMA_KEEP_ALIVE=-1 "
                      "for ollama serve, or --keep-alive 1h)" % (
-                         stage.model["name"], "the deadline" if cut else
-                         "--load-timeout %gs" % stage.limit,
-                         "--deadline" if cut else "--load-timeout"))
+                         stage.model["name"], bound, flag))
         elif stage.name == "warmup" and stage.model.get("reload"):
             text += ("; reload: %s, so Ollama reloads %s and drops the load when the "
                      "client gives up: send the job's num_ctx (--ollama-option) or "
@@ -688,10 +693,11 @@ def choose_models(run, listed, wanted, where=None, listing=None):
              for w in wanted]       # NAME:cloud runs unpulled (Ollama 0.17.6 on)
     missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
     if missing:
-        raise Fail(EX_CONFIG, "model%s %s %s %s%s; %s: %s" % (
-            "s" if len(missing) > 1 else "", ", ".join(missing),
-            "are not" if len(missing) > 1 else "is not", where,
-            missing_hint(missing, names, run.api == "ollama"),
+        subject = "model %s is not" % missing[0]
+        if len(missing) > 1:
+            subject = "models %s are not" % ", ".join(missing)
+        raise Fail(EX_CONFIG, "%s %s%s; %s: %s" % (
+            subject, where, missing_hint(missing, names, run.api == "ollama"),
             listing, sanitise(", ".join(names[:10]) or "no models")))
     entries = [listed[names.index(n)] if n in names else {"name": n} for n in found]
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
@@ -748,12 +754,14 @@ def judge_cloud(run):
     """Fail (78) for a cloud model unless --allow-cloud: its answer comes from
     ollama.com and proves nothing of this host's GPU; allowed, a note says so."""
     cloud = [m["name"] for m in run.models if m["cloud"]]
-    named, one = sanitise(", ".join(cloud)), len(cloud) == 1
+    named = sanitise(", ".join(cloud))
     if cloud and not run.opts.allow_cloud:
-        raise Fail(EX_CONFIG, "%s %s (%s on ollama.com, not on this host's GPU): name a "
-                   "local model, or pass --allow-cloud to accept %s" % (
-                       named, "is an Ollama cloud model" if one else "are Ollama cloud "
-                       "models", "runs" if one else "run", "it" if one else "them"), "tags")
+        said = "is an Ollama cloud model (runs", "it"
+        if len(cloud) > 1:
+            said = "are Ollama cloud models (run", "them"
+        raise Fail(EX_CONFIG, "%s %s on ollama.com, not on this host's GPU): name a "
+                   "local model, or pass --allow-cloud to accept %s" % ((named,) + said),
+                   "tags")
     if cloud:
         run.notes.append("%s ran on ollama.com (Ollama cloud), not on this GPU" % named)
 
@@ -775,8 +783,13 @@ def model_names(run):
 
 
 def answered(run):
-    said = ["%s %s" % (m["name"], "a vector" if m["kind"] == "embed" else "the load"
-                       if run.opts.warmup == "load" else "a token") for m in run.models]
+    """The reason of a ready verdict: what each model answered."""
+    said = []
+    for model in run.models:
+        what = "the load" if run.opts.warmup == "load" else "a token"
+        if model["kind"] == "embed":
+            what = "a vector"
+        said.append("%s %s" % (model["name"], what))
     if len(said) == 1:
         return said[0].replace(" ", " answered ", 1)
     return "%d models answered: %s" % (len(said), ", ".join(said))
@@ -1794,13 +1807,15 @@ def check_gpu(run):
         if unmatched:               # a lost GPU without a UUID may be the one
             lost = [g for g in gpus if g["error"] and not g["uuid"] and (
                 g["index"] is None or not all(is_digits(w) for w in unmatched))]
-            raise Fail(EX_UNAVAILABLE if lost else EX_CONFIG, "no GPU matches %s in "
-                       "%s (found %s)%s" % (
-                           ",".join(unmatched), "--gpu-id" if opts.gpu_id else
-                           "CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES",
-                           ", ".join(gpu_label(g) for g in gpus),
-                           "; %s: %s" % (gpu_label(lost[0]), lost[0]["error"])
-                           if lost else ""))
+            source = "--gpu-id"
+            if not opts.gpu_id:
+                source = "CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES"
+            reason = "no GPU matches %s in %s (found %s)" % (
+                ",".join(unmatched), source, ", ".join(gpu_label(g) for g in gpus))
+            if lost:
+                raise Fail(EX_UNAVAILABLE, "%s; %s: %s" % (reason, gpu_label(lost[0]),
+                                                          lost[0]["error"]))
+            raise Fail(EX_CONFIG, reason)
         if not selected:
             raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
         code, reason, notes = judge_gpus(selected, opts)
@@ -1892,9 +1907,10 @@ def unseen_gpus(gpus, present, backend):
                                                        - set(known) - {None})]
     if not unseen:
         return ""
-    return "; not seen by %s: %s%s" % (
-        "NVML" if backend == "nvml" else backend, ", ".join(unseen[:MAX_UNSEEN]),
-        " and %d more" % (len(unseen) - MAX_UNSEEN) if len(unseen) > MAX_UNSEEN else "")
+    named = ", ".join(unseen[:MAX_UNSEEN])
+    if len(unseen) > MAX_UNSEEN:
+        named += " and %d more" % (len(unseen) - MAX_UNSEEN)
+    return "; not seen by %s: %s" % ("NVML" if backend == "nvml" else backend, named)
 
 
 def pci_address(text):
