@@ -45,6 +45,7 @@ The file, top to bottom, one section each:
   main             parse, set up and check, finish; the attempt loop, the watchdog
   Ollama           tags, loaded, show, warm-up, placement; its answers judged
   OpenAI           health, models, a completion, chat or embedding
+  the APIs         what differs between them, one record each
   HTTP client      urllib, no proxy on loopback; failures classified
   the GPU stage    NVML, nvidia-smi, AMD sysfs probes; the verdict on the GPUs
   under cron       the job, the lock, the shared verdict, metrics
@@ -354,9 +355,7 @@ def check_inference(run):
     client = Client(opts.host, opts.api, opts.token, opts.tls_context)
     if opts.api == "auto":
         run.api = client.api = check_api(run, client)
-    if run.api == "openai":
-        return check_openai(run, client)
-    return check_service(run, client)
+    return api_rules(run.api).check(run, client)
 
 
 class Stage(object):
@@ -689,7 +688,8 @@ def choose_models(run, listed, wanted, where=None, listing=None):
     the names wanted, in that order (an unlisted Ollama NAME:cloud too); Fail
     (78) naming every one missing."""
     names = [_name(e) for e in listed]
-    found = [find_model(w, names) or (w if run.api == "ollama" and is_cloud(w, {}) else None)
+    ollama = api_rules(run.api).ollama
+    found = [find_model(w, names) or (w if ollama and is_cloud(w, {}) else None)
              for w in wanted]       # NAME:cloud runs unpulled (Ollama 0.17.6 on)
     missing = [sanitise(w) for w, f in zip(wanted, found) if f is None]
     if missing:
@@ -697,13 +697,13 @@ def choose_models(run, listed, wanted, where=None, listing=None):
         if len(missing) > 1:
             subject = "models %s are not" % ", ".join(missing)
         raise Fail(EX_CONFIG, "%s %s%s; %s: %s" % (
-            subject, where, missing_hint(missing, names, run.api == "ollama"),
+            subject, where, missing_hint(missing, names, ollama),
             listing, sanitise(", ".join(names[:10]) or "no models")))
     entries = [listed[names.index(n)] if n in names else {"name": n} for n in found]
     run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
                        resident=None, size_vram=None, size=None, was_loaded=None, load_ms=None,
                        context_length=None, reason="", entry=e,
-                       cloud=run.api == "ollama" and is_cloud(n, e))
+                       cloud=ollama and is_cloud(n, e))
                   for n, e in zip(found, entries)]
     run.model = found[0]
 
@@ -1284,15 +1284,8 @@ def context_reason(short, least, api):
     """The 78 of --min-context: both numbers, and how the server sets a context."""
     said = "; ".join("%s runs with a %d-token context" % (m["name"], m["context_length"])
                      for m in short)
-    if api == "openai":
-        return ("%s, the job needs %d (--min-context): restart the server with a "
-                "larger context (vLLM --max-model-len %d, llama-server --ctx-size "
-                "%d times --parallel)" % (said, least, least, least))
-    return ("%s, the job needs %d (--min-context): set OLLAMA_CONTEXT_LENGTH=%d on "
-            "the server, PARAMETER num_ctx %d in a Modelfile, or --ollama-option "
-            "num_ctx=%d so the warm-up loads it that way (requests to Ollama's "
-            "OpenAI-compatible /v1 API cannot set num_ctx)" % (said, least, least,
-                                                                 least, least))
+    return "%s, the job needs %d (--min-context): %s" % (
+        said, least, api_rules(api).context_fix % {"least": least})
 
 
 #: Runner error text meaning "retry later": GPU (or host) memory is taken,
@@ -1544,6 +1537,36 @@ def ask_openai(run, client, model, stage):
     return "done"
 
 
+# ---- The APIs: what differs between Ollama and OpenAI-compatible servers ---
+
+#: One API's ways: its name in a reason, its stages, whether a refused
+#: connection is a server still starting (vLLM refuses while it loads a model)
+#: and a 401 or 403 a refused token (a gateway's; Ollama's 403 is its host
+#: guard), whether it has cloud models and `ollama pull`, and how its server is
+#: given a larger context (%(least)d: the tokens --min-context asks).
+Api = collections.namedtuple(
+    "Api", "label check refused_while_loading refuses_tokens ollama context_fix")
+
+APIS = {
+    "ollama": Api(
+        "Ollama", check_service, refused_while_loading=False, refuses_tokens=False,
+        ollama=True, context_fix="set OLLAMA_CONTEXT_LENGTH=%(least)d on the server, "
+        "PARAMETER num_ctx %(least)d in a Modelfile, or --ollama-option "
+        "num_ctx=%(least)d so the warm-up loads it that way (requests to Ollama's "
+        "OpenAI-compatible /v1 API cannot set num_ctx)"),
+    "openai": Api(
+        "OpenAI-compatible", check_openai, refused_while_loading=True,
+        refuses_tokens=True, ollama=False, context_fix="restart the server with a "
+        "larger context (vLLM --max-model-len %(least)d, llama-server --ctx-size "
+        "%(least)d times --parallel)"),
+}
+
+
+def api_rules(api):
+    """The Api of --api (auto, until GET /api/version has told: Ollama's)."""
+    return APIS.get(api, APIS["ollama"])
+
+
 # ---- The HTTP client: urllib, no proxy on loopback, failures classified ----
 
 #: The most of an error answer read (bytes): its start says enough.
@@ -1657,11 +1680,12 @@ def classify_answer(what, status, body, api="ollama"):
     message, is_json = answer_message(body)
     quoted = sanitise(message) or "empty body"
     said = "%s: %d %s" % (what, status, quoted)
-    # Under --api openai a 401 refuses the token, even with a signin_url (a gateway's).
-    cloud = None if status == 401 and api == "openai" else cloud_refusal(status, message, body)
+    rules = api_rules(api)      # a gateway's 401 refuses the token, even with a signin_url
+    cloud = None if status == 401 and rules.refuses_tokens else cloud_refusal(
+        status, message, body)
     return next((code, reason) for applies, code, reason in (
         (cloud is not None, EX_CONFIG, "%s: %d %s: %s" % (what, status, quoted, cloud)),
-        (status in (401, 403) and api == "openai", EX_CONFIG, said + ": the server refuses "
+        (status in (401, 403) and rules.refuses_tokens, EX_CONFIG, said + ": the server refuses "
          "the credentials: check the token (--token-file or GPU_PREFLIGHT_TOKEN)"),
         (status == 403, EX_CONFIG, "%s: 403 forbidden: Ollama's host guard refuses this "
          "host name (use the address it listens on) or a proxy said no" % what),
@@ -1719,7 +1743,7 @@ def classify_exception(exc, what, url, api="ollama"):
         raise TimedOut()
     where, said = url.split("://", 1)[-1].split("/", 1)[0], sanitise(exc)
     return next((code, reason) for kinds, code, reason in (
-        (ConnectionRefusedError if api == "openai" else (), EX_TEMPFAIL,
+        (ConnectionRefusedError if api_rules(api).refused_while_loading else (), EX_TEMPFAIL,
          "connection refused by %s (vLLM refuses connections while it loads the model; "
          "or the service is down)" % where),
         (ConnectionRefusedError, EX_UNAVAILABLE, "connection refused by %s (is the "
@@ -1737,7 +1761,7 @@ def classify_exception(exc, what, url, api="ollama"):
 
 
 def not_server(api, why):
-    return "not an %s server: %s" % ("OpenAI-compatible" if api == "openai" else "Ollama", why)
+    return "not an %s server: %s" % (api_rules(api).label, why)
 
 
 def not_json(what, body, exc=None):

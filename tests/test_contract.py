@@ -870,7 +870,7 @@ class InternalErrorTest(unittest.TestCase):
 
         def broken(run, client):
             raise KeyError("boom")
-        gp.check_service = broken
+        gp.APIS["ollama"] = gp.APIS["ollama"]._replace(check=broken)
         import io
         for args, traced in (([], False), (["--debug"], True)):
             err = io.StringIO()
