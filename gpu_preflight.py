@@ -1817,6 +1817,7 @@ def check_gpu(run):
     opts = run.opts
     with run.step("gpu", opts.gpu_timeout) as budget:
         name, doc = first_backend(run, time.monotonic() + budget)
+        cuda = doc.pop("cuda", None)
         run.gpu = dict(doc, backend=name, need=opts.gpu_need)
         gpus = doc["gpus"]
         if not gpus:
@@ -1842,11 +1843,24 @@ def check_gpu(run):
             raise Fail(EX_CONFIG, reason)
         if not selected:
             raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
-        code, reason, notes = judge_gpus(selected, opts)
-        run.notes.extend(notes)
-        if code:        # a fabric that never finishes is a fault, not a busy GPU
-            raise Fail(code, reason, busy=code == EX_TEMPFAIL and not any(
-                g.get("pending") for g in selected))
+        judge_gpu_stage(run, gpus, selected, cuda)
+
+
+def judge_gpu_stage(run, gpus, selected, cuda):
+    """The GPU stage's verdict: a GPU the driver gave up on (69) first, then
+    CUDA (cuda: its state, or None where not checked), then the thresholds
+    and a fabric not registered yet (75)."""
+    cuda_failed = judge_cuda(cuda, gpus)
+    if cuda and not cuda_failed:    # CUDA starts on every GPU: see fabric_doubts()
+        run.problems.extend(fabric_doubts(gpus))
+    code, reason, notes = judge_gpus(selected, run.opts)
+    run.notes.extend(notes)
+    if code == EX_UNAVAILABLE or not cuda_failed and code:
+        # A fabric that never finishes is a fault, not a busy GPU: it escalates.
+        raise Fail(code, reason, busy=code == EX_TEMPFAIL and not any(
+            g.get("pending") for g in selected))
+    if cuda_failed:
+        raise Fail(*cuda_failed)
 
 
 def first_backend(run, ends_at):
@@ -1896,6 +1910,8 @@ def nvidia_pci_devices():
         return []
     found = []
     for device in names:
+        if os.path.lexists(os.path.join(devices, device, "physfn")):
+            continue        # an SR-IOV virtual function (a vGPU host's): NVML never lists it
         try:
             ids = [read_small_file(os.path.join(devices, device, name), 64).strip()
                    for name in ("vendor", "class")]
@@ -1990,7 +2006,7 @@ def select_gpus(gpus, ids, environ):
 
 def gpu_problems(gpu, opts):
     """(hard, soft, unknown) problems of one GPU against the thresholds."""
-    hard = [text for text in (gpu.get("error"), gpu.get("health")) if text]
+    hard = [text for text in (gpu.get("error"), gpu.get("health"), gpu.get("fabric")) if text]
     soft, unknown = [gpu["pending"]] if gpu.get("pending") and not hard else [], []
     for option, key, unit, at_least in GPU_LIMITS:
         limit = getattr(opts, option)
@@ -2036,7 +2052,7 @@ def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
     return {"index": index, "uuid": uuid, "name": name, "pci": pci, "total_mib": total,
             "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
             "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True,
-            "error": error, "health": None, "pending": None}
+            "error": error, "health": None, "fabric": None, "pending": None}
 
 
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
@@ -2139,7 +2155,7 @@ def forked(run, child, ends_at, what):
 NVML_NO_PERMISSION, NVML_INSUFFICIENT_SIZE, NVML_DRIVER_NOT_LOADED = 4, 7, 9
 NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND, NVML_GPU_IS_LOST = 12, 13, 15
 NVML_OPERATING_SYSTEM, NVML_LIB_RM_VERSION_MISMATCH = 17, 18
-NVML_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ARGUMENT_VERSION_MISMATCH, NVML_NOT_SUPPORTED = 25, 3
 
 #: usedGpuMemory of a process NVML cannot measure (Windows WDDM, some vGPUs):
 #: (-1) in an unsigned long long.
@@ -2154,8 +2170,8 @@ NVML_DEVICE_MIG_ENABLE = 1
 #: The buffer of every string NVML writes: the largest it asks for (name and
 #: UUID 96 bytes, the driver version 80).
 NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96
-#: nvmlGpuFabricInfo_v3_t's and _v2_t's (v3 adds a last field, so one ctypes
-#: class serves both; drivers that know only v2 refuse v3's version).
+#: The versions of nvmlGpuFabricInfo_v3_t and _v2_t: v3 adds a last field, so
+#: one ctypes class serves both, and drivers that know only v2 refuse v3's.
 NVML_GPU_FABRIC_INFO_V3, NVML_GPU_FABRIC_INFO_V2 = 0x03000028, 0x02000024
 
 #: The reason for NVML error 18 / nvidia-smi exit 18 ("%s": who said it).
@@ -2171,10 +2187,7 @@ def probe_nvml(run, ends_at):
     if "untrusted" in doc:
         raise Fail(EX_CONFIG, sanitise(doc["untrusted"]))
     if code in (None, 0):
-        failed = judge_cuda(doc.pop("cuda", None), doc["gpus"])
-        if failed:
-            raise Fail(*failed)
-        return doc
+        return doc          # CUDA's word is judged by check_gpu: no fall-through past it
     if code in (NVML_LIBRARY_NOT_FOUND, NVML_FUNCTION_NOT_FOUND):
         return "NVML: %s" % text
     if code == NVML_DRIVER_NOT_LOADED:
@@ -2306,10 +2319,6 @@ def judge_cuda(state, gpus):
     if not state:
         return None
     code, whole = state.get("code"), [g for g in gpus if not g.get("parent")]
-    broken = [g for g in whole if g.get("health")]
-    if code == CUDA_SYSTEM_NOT_READY and broken:      # a GPU the driver gave up on
-        return (EX_UNAVAILABLE, "%s: %s (and CUDA: system not yet initialized, 802)"
-                % (gpu_label(broken[0]), broken[0]["health"]))
     if code == CUDA_SYSTEM_NOT_READY:
         return (EX_TEMPFAIL, "CUDA: system not yet initialized (802): the fabric manager "
                 "has not finished (systemctl status nvidia-fabricmanager)")
@@ -2483,11 +2492,12 @@ class Nvml(object):
         if status == NVML_ARGUMENT_VERSION_MISMATCH:
             fabric.version = NVML_GPU_FABRIC_INFO_V2
             status = self.call("nvmlDeviceGetGpuFabricInfoV", handle, c.byref(fabric))
-        hard, gpu["pending"] = driver_health(
-            field.value if code == 0 and field.nvmlReturn == 0 else None,
-            fabric.state if status == 0 else None,
-            self.error(fabric.status) if fabric.status else None, gpu["index"])
-        gpu["health"] = gpu["health"] or hard
+        known = code == 0 and field.nvmlReturn == 0 and field.valueType in NVML_VALUE_TYPES
+        failed = status == 0 and fabric.status not in (0, NVML_NOT_SUPPORTED)
+        asked, gpu["fabric"], gpu["pending"] = driver_health(
+            field.value if known else None, fabric.state if status == 0 else None,
+            self.error(fabric.status) if failed else None, gpu["index"])
+        gpu["health"] = gpu["health"] or asked
 
 
 #: /proc/PID/comm of Ollama's model runners: llama-server (GGUF models, 0.30.0
@@ -2529,8 +2539,13 @@ def nvml_health(rows_pending, rows_failed, pages_pending, uncorrected):
     return None
 
 
-#: nvml.h's field of the action the driver asks for (nvmlDeviceGpuRecoveryAction_t).
+#: nvml.h's field of the action the driver asks for (nvmlDeviceGpuRecoveryAction_t),
+#: and the unsigned types its value may come in (read as the zeroed 8 bytes).
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG = 1, 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_VALUE_TYPES = (NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG,
+                    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
 #: What each action (1 to 7) asks of an admin, as nvml.h describes it.
 RECOVERY_ACTIONS = (None, "GPU reset required (nvidia-smi -r -i %s)", "node reboot required",
                     "drain peer-to-peer (NVLink) work", "drain the GPU's work and reset it "
@@ -2542,23 +2557,41 @@ NVML_GPU_FABRIC_STATE_COMPLETED = 3
 
 
 def driver_health(action, fabric_state, fabric_error, index):
-    """(why the GPU needs an admin, why it is not ready yet), each None when
-    not so, from the recovery action and the NVLink fabric state the driver
-    reports (None where it cannot: older drivers, GPUs without NVSwitch)."""
-    hard = pending = None
+    """What the driver says of a GPU: (the recovery action it asks for, its
+    NVLink fabric registration failed, not finished yet), each a reason or
+    None; every argument None where the driver cannot tell (older drivers,
+    GPUs without an NVSwitch fabric)."""
+    asked = failed = pending = None
     if action:
-        known = RECOVERY_ACTIONS[action] if action < len(RECOVERY_ACTIONS) else None
-        hard = "the driver's recovery action: %s" % (
-            known.replace("%s", str(index)) if known else "%d (see nvml.h)" % action)
-    if fabric_state in (NVML_GPU_FABRIC_STATE_NOT_STARTED, NVML_GPU_FABRIC_STATE_IN_PROGRESS):
+        asked = "the driver's recovery action: %d (see nvml.h)" % action
+        if action < len(RECOVERY_ACTIONS):
+            asked = "the driver's recovery action: " + RECOVERY_ACTIONS[action].replace(
+                "%s", str(index))
+    if fabric_state == NVML_GPU_FABRIC_STATE_IN_PROGRESS:
+        pending = "in progress"
+    elif fabric_state == NVML_GPU_FABRIC_STATE_NOT_STARTED:
+        pending = "not started"
+    elif fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED and fabric_error:
+        failed = ("NVLink fabric registration failed: %s (journalctl -u "
+                  "nvidia-fabricmanager)" % fabric_error)
+    if pending:
         pending = ("NVLink fabric registration %s: the fabric manager has not finished "
-                   "(systemctl status nvidia-fabricmanager)" % (
-                       "in progress" if fabric_state == NVML_GPU_FABRIC_STATE_IN_PROGRESS
-                       else "not started"))
-    elif fabric_state == NVML_GPU_FABRIC_STATE_COMPLETED and fabric_error and not hard:
-        hard = ("NVLink fabric registration failed: %s (journalctl -u "
-                "nvidia-fabricmanager)" % fabric_error)
-    return hard, pending
+                   "(systemctl status nvidia-fabricmanager)" % pending)
+    return asked, failed, pending
+
+
+def fabric_doubts(gpus):
+    """Problem notes for the fabric failures of gpus where CUDA started on
+    every GPU: H100 hosts without multi-node NVLink report a completed
+    registration with an error status while every job runs (meta-pytorch/
+    torchcomms#936), so only NVLink between GPUs is in doubt, not the GPU."""
+    said = []
+    for gpu in gpus:
+        if gpu.get("fabric"):
+            said.append("%s: %s, but CUDA starts on every GPU: only NVLink between GPUs "
+                        "may be down" % (gpu_label(gpu), gpu["fabric"]))
+            gpu["fabric"] = None
+    return said
 
 
 SMI_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/opt/bin", "/usr/lib/wsl/lib")
@@ -3178,7 +3211,7 @@ def gpu_summary(gpu):
     """One GPU's figures for the log line; '-' where it cannot say."""
     keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
     text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
-    problem = gpu["error"] or gpu["health"] or gpu.get("pending")
+    problem = gpu["error"] or gpu["health"] or gpu.get("fabric") or gpu.get("pending")
     return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
                              gpu["name"] or "-")
 

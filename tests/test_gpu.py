@@ -409,8 +409,13 @@ class NvmlTest(GpuCase):
         self.assertVerdict(res, doc, 69, "1 of 2 GPUs visible")
 
     def test_expect_gpus_names_the_pci_addresses_nvml_does_not_see(self):
+        root = self.nvidia_sysfs(8)
+        for vf in range(3):         # a vGPU host's SR-IOV virtual functions: never NVML's
+            fakes.add_pci_display(root, "0000:70:00.%d" % (vf + 4), "0x10de", "0x030200")
+            os.symlink("../0000:70:00.0", os.path.join(
+                root, "sys", "devices", "pci0000:00", "0000:70:00.%d" % (vf + 4), "physfn"))
         res, doc = self.nvml(["--expect-gpus", "8"], FAKE_NVML_COUNT="7",
-                             GPU_PREFLIGHT_ROOT=self.nvidia_sysfs(8))
+                             GPU_PREFLIGHT_ROOT=root)
         self.assertVerdict(res, doc, 69)
         self.assertEqual(doc["reason"], "7 of 8 GPUs visible (--expect-gpus); not seen by "
                          "NVML: 0000:68:00.0")
@@ -479,8 +484,33 @@ class CudaTest(GpuCase):
         driver's word (69) is the verdict, not "not yet initialized" (75)."""
         self.assertVerdict(*self.cuda_run("802", FAKE_NVML_FABRIC="3:999"), code=69, text=(
             "GPU 0 (%s): NVLink fabric registration failed: Unknown Error (NVML error "
-            "999) (journalctl -u nvidia-fabricmanager) (and CUDA: system not yet "
-            "initialized, 802)" % gpu_uuid(0)[:12]))
+            "999) (journalctl -u nvidia-fabricmanager)" % gpu_uuid(0)[:12]))
+
+    def test_a_failed_fabric_where_cuda_starts_is_a_problem_note(self):
+        """H100 hosts without multi-node NVLink report a completed registration
+        with an error while every job runs: with CUDA started on every GPU the
+        run is ready, and the line says what is in doubt."""
+        res, doc = self.cuda_run(FAKE_NVML_FABRIC="3:999")
+        self.assertVerdict(res, doc, 0)
+        self.assertIn("NVLink fabric registration failed: Unknown Error (NVML error 999) "
+                      "(journalctl -u nvidia-fabricmanager), but CUDA starts on every GPU: "
+                      "only NVLink between GPUs may be down", doc["problems"][0])
+
+    def test_cuda_and_the_drivers_word_hold_when_nvidia_smi_would_answer(self):
+        """Under --gpu-backend auto a CUDA or driver 69 from the NVML probe is
+        the verdict: nvidia-smi, which reads neither, never overrules it."""
+        env = dict(FAKE_NVML_MODE="free", FAKE_SMI_MODE="free", FAKE_CUDA_INIT="802",
+                   PATH=self.smi_dir + ":/usr/bin:/bin")
+        for extra, code, text in (({}, 75, "CUDA: system not yet initialized (802)"),
+                                  (dict(FAKE_CUDA_INIT="999"), 69, "CUDA cannot start"),
+                                  (dict(FAKE_NVML_RECOVERY_ACTION="2"), 69,
+                                   "node reboot required")):
+            with self.subTest(**extra):
+                self.sink.messages(wait=0.01)
+                res, doc = self.gpu(["--nvml-lib", self.cuda_nvml, "--warmup", "off"],
+                                    dict(env, **extra), deadline=4)
+                self.assertVerdict(res, doc, code, text)
+                self.assertEqual(doc["gpu"]["backend"], "nvml")
 
     def test_count_other_than_nvml_is_69(self):
         self.assertVerdict(*self.cuda_run(FAKE_NVML_COUNT="2", FAKE_CUDA_COUNT="1"),
@@ -550,6 +580,11 @@ class DriverHealthTest(GpuCase):
         res, doc = self.nvml(FAKE_NVML_FABRIC="3:999")
         self.assertVerdict(res, doc, 69, "NVLink fabric registration failed: Unknown Error "
                            "(NVML error 999) (journalctl -u nvidia-fabricmanager)")
+
+    def test_a_fabric_status_of_not_supported_is_no_fabric(self):
+        """NOT_SUPPORTED (3) as the status of a completed registration: a GPU
+        outside any NVLink fabric, not a failure."""
+        self.assertVerdict(*self.nvml(FAKE_NVML_FABRIC="3:3"), code=0)
 
     def test_a_registered_fabric_and_no_action_are_ready(self):
         res, doc = self.nvml(FAKE_NVML_COUNT="2", FAKE_NVML_FABRIC="3",

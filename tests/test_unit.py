@@ -561,33 +561,40 @@ class GpuParseTest(unittest.TestCase):
                          (69, "GPU 0 (GPU-a): retired pages pending: the GPU needs a reset"))
 
     def test_driver_health_reads_the_recovery_action_and_fabric_state(self):
-        # (recovery action, fabric state, fabric error, index) -> (hard, pending)
+        # (recovery action, fabric state, fabric error, index)
+        #     -> (action asked, fabric failed, fabric pending)
         fabric = "NVLink fabric registration %s: the fabric manager has not finished " \
                  "(systemctl status nvidia-fabricmanager)"
+        failed = ("NVLink fabric registration failed: Unknown Error (NVML error 999) "
+                  "(journalctl -u nvidia-fabricmanager)")
+        reboot = "the driver's recovery action: node reboot required"
         for args, want in (
-                ((None, None, None, 0), (None, None)),      # an older driver: no word
-                ((0, 3, None, 0), (None, None)),            # NONE, registered
-                ((0, 0, None, 0), (None, None)),            # no NVSwitch fabric
+                ((None, None, None, 0), (None, None, None)),    # an older driver: no word
+                ((0, 3, None, 0), (None, None, None)),          # NONE, registered
+                ((0, 0, None, 0), (None, None, None)),          # no NVSwitch fabric
                 ((1, None, None, 3), ("the driver's recovery action: GPU reset required "
-                                      "(nvidia-smi -r -i 3)", None)),
-                ((2, None, None, 0), ("the driver's recovery action: node reboot required",
-                                      None)),
+                                      "(nvidia-smi -r -i 3)", None, None)),
+                ((2, None, None, 0), (reboot, None, None)),
                 ((4, None, None, 1), ("the driver's recovery action: drain the GPU's work "
-                                      "and reset it (nvidia-smi -r -i 1)", None)),
+                                      "and reset it (nvidia-smi -r -i 1)", None, None)),
                 ((7, None, None, 0), ("the driver's recovery action: system reboot "
-                                      "required", None)),
-                ((12, None, None, 0), ("the driver's recovery action: 12 (see nvml.h)", None)),
-                ((0, 1, None, 0), (None, fabric % "not started")),
-                ((0, 2, None, 0), (None, fabric % "in progress")),
-                ((0, 3, "Unknown Error (NVML error 999)", 0),
-                 ("NVLink fabric registration failed: Unknown Error (NVML error 999) "
-                  "(journalctl -u nvidia-fabricmanager)", None)),
-                ((2, 3, "Unknown Error (NVML error 999)", 0),     # the action outranks
-                 ("the driver's recovery action: node reboot required", None)),
-                ((2, 2, None, 0), ("the driver's recovery action: node reboot required",
-                                   fabric % "in progress"))):
+                                      "required", None, None)),
+                ((12, None, None, 0), ("the driver's recovery action: 12 (see nvml.h)",
+                                       None, None)),
+                ((0, 1, None, 0), (None, None, fabric % "not started")),
+                ((0, 2, None, 0), (None, None, fabric % "in progress")),
+                ((0, 3, "Unknown Error (NVML error 999)", 0), (None, failed, None)),
+                ((2, 3, "Unknown Error (NVML error 999)", 0), (reboot, failed, None)),
+                ((2, 2, None, 0), (reboot, None, fabric % "in progress"))):
             with self.subTest(args=args):
                 self.assertEqual(gp.driver_health(*args), want)
+        # where CUDA starts on every GPU, a failed registration is a problem note
+        gpu = gp.gpu_record(0, "GPU-a", "x")
+        gpu["fabric"] = failed
+        self.assertEqual(gp.fabric_doubts([gpu, gp.gpu_record(1, "GPU-b", "x")]), [
+            "GPU 0 (GPU-a): %s, but CUDA starts on every GPU: only NVLink between GPUs "
+            "may be down" % failed])
+        self.assertIsNone(gpu["fabric"])
         # pending is a reason to wait (75), not a broken GPU; hard outranks it
         waiting = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
         waiting["pending"] = fabric % "in progress"
