@@ -258,7 +258,7 @@ def parse_fields(line):
     return fields
 
 
-class EchoServer(object):
+class ScriptedServer(object):
     """A hostile HTTP server on loopback: answer(method, path, token) ->
     (status, body bytes, [(header, value)]) sees the bearer token of the
     request it answers; seen lists every token sent."""

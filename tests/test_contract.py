@@ -78,32 +78,13 @@ class ContractCase(unittest.TestCase):
 
     def scripted_server(self, answer):
         """A loopback HTTP server whose answers come from answer(method, path,
-        calls) -> (status, body bytes); calls counts requests per path."""
-        import http.server
+        calls) -> (status, body bytes); calls counts requests per path. Its URL."""
         calls = {}
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def reply(self):
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                calls[self.path] = calls.get(self.path, 0) + 1
-                status, body = answer(self.command, self.path, calls[self.path])
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            do_GET = do_POST = reply
-
-            def log_message(self, *args):
-                pass
-        server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever)
-        thread.daemon = True
-        thread.start()
-        self.addCleanup(server.server_close)
-        self.addCleanup(server.shutdown)
-        return "http://127.0.0.1:%d" % server.server_port
+        def counted(method, path, token):
+            calls[path] = calls.get(path, 0) + 1
+            return answer(method, path, calls[path]) + ([],)
+        return support.ScriptedServer(self, counted).url
 
     def run_with_dns(self, args, answer, env=None):
         """Run the script where every name lookup goes to a private resolver

@@ -457,7 +457,7 @@ class TokenLeakTest(TrustCase):
             if path == "/v1/models":
                 return 200, json.dumps({"data": [{"id": "m-" + sent}]}).encode(), []
             return 500, json.dumps({"error": {"message": "crashed"}}).encode(), []
-        server = support.EchoServer(self, answer)
+        server = support.ScriptedServer(self, answer)
         state = self.path("state")
         res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",
                            self.token_file(token), "--share-result", "60",
@@ -470,7 +470,7 @@ class TokenLeakTest(TrustCase):
 
     def test_a_percent_encoded_echo_in_location_does_not_show_the_token(self):
         token = 'ab"cd\\ef=gh' * 27          # quotes, backslashes, =: 297 characters
-        server = support.EchoServer(self, lambda method, path, sent: (
+        server = support.ScriptedServer(self, lambda method, path, sent: (
             302, b"", [("Location", "http://x/?k=" + urllib.parse.quote(sent, safe=""))]))
         res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",
                            self.token_file(token), "-v", "--json"])
@@ -484,7 +484,7 @@ class TokenLeakTest(TrustCase):
         # redaction of a 1-character token runs over the assembled line: a
         # token "\" unescapes the reason's quotes and the server's text
         # becomes fields of their own (result=ready code=0)
-        server = support.EchoServer(self, lambda method, path, sent: (
+        server = support.ScriptedServer(self, lambda method, path, sent: (
             401, json.dumps({"error": 'no" result=ready code=0 x="'}).encode(), []))
         res = self.run_gp(["--api", "openai", "--host", server.url, "--token-file",
                            self.token_file("\\")])

@@ -166,7 +166,7 @@ class TokenFileTest(TrustCase):
         etc = self.mkdir(self.path("etc"))
         os.symlink(sub, os.path.join(etc, "current"))        # root's own link
         self.write(os.path.join(etc, "token"), "roots-token\n", 0o600)
-        server = support.EchoServer(self, lambda method, path, token: (
+        server = support.ScriptedServer(self, lambda method, path, token: (
             401, json.dumps({"error": "got " + token}).encode("ascii"), []))
         path = os.path.join(etc, "current", "..", "token")
         with open(path) as handle:
