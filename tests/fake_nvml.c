@@ -163,15 +163,9 @@ typedef struct nvmlProcessInfo_v2_st {
     unsigned int computeInstanceId;
 } nvmlProcessInfo_v2_t, nvmlProcessInfo_t;
 
+/* the one value type the fake writes (an enum: an int, as nvml.h's) */
 typedef enum nvmlValueType_enum {
-    NVML_VALUE_TYPE_DOUBLE = 0,
-    NVML_VALUE_TYPE_UNSIGNED_INT = 1,
-    NVML_VALUE_TYPE_UNSIGNED_LONG = 2,
-    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3,
-    NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4,
-    NVML_VALUE_TYPE_SIGNED_INT = 5,
-    NVML_VALUE_TYPE_UNSIGNED_SHORT = 6,
-    NVML_VALUE_TYPE_COUNT
+    NVML_VALUE_TYPE_UNSIGNED_INT = 1
 } nvmlValueType_t;
 
 /* 8 bytes */
