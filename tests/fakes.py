@@ -82,13 +82,18 @@ def build_fake_nvml(dest_dir, variant="full", default_mode=None, default_runners
             raise ValueError("default_runners must be an absolute path, not %r"
                              % (default_runners,))
         cmd.append('-DFAKE_NVML_DEFAULT_RUNNERS="%s"' % default_runners)
-    cmd += ["-o", path, FAKE_NVML_C]
+    return compile_fake(cmd + ["-o", path, FAKE_NVML_C], "NVML", path)
+
+
+def compile_fake(cmd, what, path):
+    """Run the compiler command cmd that builds the fake library what at path;
+    path, or RuntimeError with the compiler's output."""
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = proc.communicate()[0].decode("utf-8", "replace")
     if proc.returncode != 0:
-        raise RuntimeError("building the fake NVML failed (%s, exit %d):\n%s"
-                           % (" ".join(cmd), proc.returncode, output))
+        raise RuntimeError("building the fake %s failed (%s, exit %d):\n%s"
+                           % (what, " ".join(cmd), proc.returncode, output))
     return path
 
 
@@ -99,14 +104,7 @@ def build_fake_cuda(dest_dir, include_dir=None):
     cmd = [find_compiler(), "-shared", "-fPIC", "-O1", "-Wall", "-Werror"]
     if include_dir:
         cmd += ["-DFAKE_CUDA_WITH_HEADER", "-I", include_dir]
-    cmd += ["-o", path, os.path.join(TESTS, "fake_cuda.c")]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    output = proc.communicate()[0].decode("utf-8", "replace")
-    if proc.returncode != 0:
-        raise RuntimeError("building the fake CUDA failed (%s, exit %d):\n%s"
-                           % (" ".join(cmd), proc.returncode, output))
-    return path
+    return compile_fake(cmd + ["-o", path, os.path.join(TESTS, "fake_cuda.c")], "CUDA", path)
 
 
 FAKE_SMI = r"""#!/bin/sh

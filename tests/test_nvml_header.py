@@ -62,22 +62,23 @@ def header_candidates():
             + ["/usr/local/cuda/include", "/usr/include"])
 
 
-def require_header(testcase):
-    """The directory holding nvml.h; skip outside CI, fail under CI=true."""
-    given = os.environ.get("NVML_INCLUDE_DIR")
+def require_header(testcase, header="nvml.h", variable="NVML_INCLUDE_DIR",
+                   wheel="nvidia-nvml-dev"):
+    """The directory holding NVIDIA's header (named by variable, from the
+    wheel); skip outside CI, fail under CI=true."""
+    given = os.environ.get(variable)
     if given:
-        if not os.path.isfile(os.path.join(given, "nvml.h")):
-            testcase.fail("NVML_INCLUDE_DIR=%s holds no nvml.h" % given)
+        if not os.path.isfile(os.path.join(given, header)):
+            testcase.fail("%s=%s holds no %s" % (variable, given, header))
         return given
     if support.IN_CI:
-        testcase.fail("NVML_INCLUDE_DIR is not set (CI=true: .ci/run must install "
-                      "the nvidia-nvml-dev wheel and export it)")
+        testcase.fail("%s is not set (CI=true: .ci/run must install the %s wheel "
+                      "and export it)" % (variable, wheel))
     for directory in header_candidates():
-        if os.path.isfile(os.path.join(directory, "nvml.h")):
+        if os.path.isfile(os.path.join(directory, header)):
             return directory
-    raise unittest.SkipTest(
-        "NVIDIA's nvml.h not found: pip install nvidia-nvml-dev (into any venv) "
-        "and set NVML_INCLUDE_DIR to the directory holding nvml.h")
+    raise unittest.SkipTest("NVIDIA's %s not found: pip install %s (into any venv) and "
+                            "set %s to the directory holding it" % (header, wheel, variable))
 
 
 def strip_comments(text):
@@ -343,29 +344,8 @@ class NvmlHeaderCase(unittest.TestCase):
         self.assertEqual(code, 0, "gpu_preflight.py calls a function nvml.h does not "
                          "declare under that name (%s):\n%s" % (", ".join(names), output))
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 # ---- The CUDA check against NVIDIA's cuda.h (nvidia-cuda-runtime-cu12's
 # nvidia/cuda_runtime/include/cuda.h; .ci/run names it in CUDA_INCLUDE_DIR) --
-
-def require_cuda_header(testcase):
-    """The directory holding cuda.h; skip outside CI, fail under CI=true."""
-    given = os.environ.get("CUDA_INCLUDE_DIR")
-    if given:
-        if not os.path.isfile(os.path.join(given, "cuda.h")):
-            testcase.fail("CUDA_INCLUDE_DIR=%s holds no cuda.h" % given)
-        return given
-    if support.IN_CI:
-        testcase.fail("CUDA_INCLUDE_DIR is not set (CI=true: .ci/run must install "
-                      "the nvidia-cuda-runtime-cu12 wheel and export it)")
-    for directory in header_candidates():
-        if os.path.isfile(os.path.join(directory, "cuda.h")):
-            return directory
-    raise unittest.SkipTest("NVIDIA's cuda.h not found: pip install "
-                            "nvidia-cuda-runtime-cu12 and set CUDA_INCLUDE_DIR")
-
 
 class CudaHeaderCase(unittest.TestCase):
     """The fake libcuda.so.1 and the script's CUDA calls as cuda.h declares them."""
@@ -374,7 +354,8 @@ class CudaHeaderCase(unittest.TestCase):
     def setUpClass(cls):
         case = unittest.TestCase()
         support.require_tool(case, "cc")
-        cls.include = require_cuda_header(case)
+        cls.include = require_header(case, "cuda.h", "CUDA_INCLUDE_DIR",
+                                     "nvidia-cuda-runtime-cu12")
         cls.dir = tempfile.mkdtemp(prefix="gpfl-cudah-")
 
     @classmethod
@@ -415,3 +396,7 @@ class CudaHeaderCase(unittest.TestCase):
         self.assertEqual(output, b"")
         self.assertEqual(int(subprocess.check_output([path], timeout=30)),
                          int(named.group(1)))
+
+
+if __name__ == "__main__":
+    unittest.main()
