@@ -3415,12 +3415,6 @@ def parse_count(text, most=10 ** 9, least=0):
     return int(text)
 
 
-def parse_runs(text):
-    if not is_digits(text.strip()) or not 1 <= int(text) <= 10 ** 6:
-        raise ValueError("%r: expected a whole number from 1 to 1000000" % text)
-    return int(text)
-
-
 def parse_choice(*choices):
     def parse(text):
         if text not in choices:
@@ -3796,7 +3790,7 @@ OPTIONS = (
          "write Prometheus metrics there for node_exporter's textfile collector"),
         ("log-changes-only", None, HOW_IT_RUNS, "flag", False, None,
          "log only when the verdict changes (for every-minute schedules)"),
-        ("escalate-after", None, CHECK, parse_runs, None, "N",
+        ("escalate-after", None, CHECK, lambda text: parse_count(text, 10 ** 6, 1), None, "N",
          "exit 69 instead of 75 once the same stage has answered 75 for N "
          "runs in a row (a fault that never heals)"),
     )),
