@@ -1855,7 +1855,7 @@ def judge_gpu_stage(run, gpus, selected, cuda):
         run.problems.extend(fabric_doubts(gpus))
     code, reason, notes = judge_gpus(selected, run.opts)
     run.notes.extend(notes)
-    if code == EX_UNAVAILABLE or not cuda_failed and code:
+    if code == EX_UNAVAILABLE or (code and not cuda_failed):
         # A fabric that never finishes is a fault, not a busy GPU: it escalates.
         raise Fail(code, reason, busy=code == EX_TEMPFAIL and not any(
             g.get("pending") for g in selected))
@@ -2007,7 +2007,9 @@ def select_gpus(gpus, ids, environ):
 def gpu_problems(gpu, opts):
     """(hard, soft, unknown) problems of one GPU against the thresholds."""
     hard = [text for text in (gpu.get("error"), gpu.get("health"), gpu.get("fabric")) if text]
-    soft, unknown = [gpu["pending"]] if gpu.get("pending") and not hard else [], []
+    soft, unknown = [], []
+    if gpu.get("pending") and not hard:     # a fabric not registered yet
+        soft.append(gpu["pending"])
     for option, key, unit, at_least in GPU_LIMITS:
         limit = getattr(opts, option)
         if limit is None or hard:
@@ -2318,7 +2320,7 @@ def judge_cuda(state, gpus):
     NVML's gpus; None when fine, or not checked (state None)."""
     if not state:
         return None
-    code, whole = state.get("code"), [g for g in gpus if not g.get("parent")]
+    code = state.get("code")
     if code == CUDA_SYSTEM_NOT_READY:
         return (EX_TEMPFAIL, "CUDA: system not yet initialized (802): the fabric manager "
                 "has not finished (systemctl status nvidia-fabricmanager)")
@@ -2326,6 +2328,7 @@ def judge_cuda(state, gpus):
         return (EX_UNAVAILABLE, "CUDA cannot start: error %d (%s): reload the driver's "
                 "unified memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or "
                 "reboot" % (code, sanitise(state.get("text")) or "unknown"))
+    whole = [g for g in gpus if not g.get("parent")]
     if state.get("count") in (None, len(whole)) or any(   # lost or closed: NVML says why
             g.get("mig") or g.get("error") or g.get("access") is False for g in whole):
         return None         # MIG: CUDA enumerates instances, not GPUs
