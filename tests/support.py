@@ -259,9 +259,10 @@ def parse_fields(line):
 
 
 class ScriptedServer(object):
-    """A hostile HTTP server on loopback: answer(method, path, token) ->
-    (status, body bytes, [(header, value)]) sees the bearer token of the
-    request it answers; seen lists every token sent."""
+    """A scripted HTTP server on loopback (a hostile one, or one a test plays
+    line by line): answer(method, path, token) -> (status, body bytes,
+    [(header, value)]) sees the bearer token of the request it answers; seen
+    lists every token sent."""
 
     def __init__(self, testcase, answer):
         self.seen = seen = []
