@@ -294,14 +294,16 @@ class HealthCheckTest(SlurmCase):
 
     def test_6_a_bug_70_leaves_the_node_in_service(self):
         # A real 70 comes only from a bug: plant one in the installed copy, as
-        # test_contract.InternalErrorTest does in-process (check_service raises).
+        # test_contract.InternalErrorTest does in-process (Ollama's stages raise).
         installed = os.path.join(self.work, "usr-local", "bin", "gpu_preflight")
         with open(support.SCRIPT) as handle:
             text = handle.read()
         tail = '\nif __name__ == "__main__":'
         self.assertEqual(text.count(tail), 1)
-        buggy = text.replace(tail, "\ndef check_service(run, client):\n"
-                             "    raise KeyError('planted')\n\n" + tail)
+        buggy = text.replace(tail, "\ndef planted(run, client):\n"
+                             "    raise KeyError('planted')\n\n\n"
+                             "APIS['ollama'] = APIS['ollama']._replace(check=planted)\n"
+                             + tail)
         with open(installed + ".new", "w") as handle:
             handle.write(buggy)
         os.chmod(installed + ".new", 0o755)

@@ -414,7 +414,7 @@ class UnavailableTest(ContractCase):
         res, asked = self.run_with_dns(
             ["--host", "http://no-such-host.invalid:11434", "--deadline", "4",
              "--syslog-address", self.sink.path], answer=True)
-        self.assertTrue(asked, "the resolver was not asked")
+        self.assertTrue(asked, "the resolver was not asked: %r" % (res,))
         self.assertSkip(res, 69, "tags", "cannot resolve no-such-host.invalid:11434: ",
                         deadline=4)
 
@@ -583,7 +583,7 @@ class TimeBoundTest(ContractCase):
         res, asked = self.run_with_stalled_dns(
             ["--host", "http://stalled.example:11434", "--deadline", "2",
              "--syslog-address", self.sink.path])
-        self.assertTrue(asked, "the resolver was not asked")
+        self.assertTrue(asked, "the resolver was not asked: %r" % (res,))
         self.assertSkip(res, 75, "tags", "deadline of 2s reached", deadline=2)
 
     def test_stalled_dns_of_the_syslog_collector_does_not_pass_the_deadline(self):
@@ -591,7 +591,7 @@ class TimeBoundTest(ContractCase):
         res, asked = self.run_with_stalled_dns(
             ["--host", emu.url, "--timeout", "5", "--deadline", "1",
              "--syslog-address", "collector.example:514"])
-        self.assertTrue(asked, "the resolver was not asked")
+        self.assertTrue(asked, "the resolver was not asked: %r" % (res,))
         # the line could not reach the collector: stderr has it
         self.assertEqual((res.code, res.stdout), (75, ""), res)
         self.assertIn("result=skip code=75", res.stderr)
@@ -667,7 +667,7 @@ class ProxyTest(ContractCase):
         res, asked = self.run_with_dns(["--host", host, "--deadline", "4",
                                         "--syslog-address", self.sink.path],
                                        answer=True, env=env)
-        self.assertTrue(asked, "the resolver was not asked")
+        self.assertTrue(asked, "the resolver was not asked: %r" % (res,))
         self.assertSkip(res, 69, "tags", "cannot resolve gpu-node.example:11434: ",
                         deadline=4)
         self.assertEqual(len(proxy.seen), before)
