@@ -11,9 +11,10 @@ else one per minor version 3.6 to 3.13: the newest pyenv has
 versions/3.N.P/bin/python), else a `python3.N` on PATH; else the python3
 running this. Each interpreter runs
 the modules tests/test*.py. The modules tests/once_*.py (slow tests with real
-daemons) run once per suite run, beside the others, under /usr/bin/python3
-(Debian's, what cron and systemd find) when it exists, else under the newest
-interpreter found.
+daemons), and the test*.py classes that say ONCE = True (what they prove does
+not depend on the interpreter running the suite), run once per suite run,
+beside the others, under /usr/bin/python3 (Debian's, what cron and systemd
+find) when it exists, else under the newest interpreter found.
 
 Progress: a line when an interpreter starts and ends, and one per test module
 as it finishes (with the tests that failed). A run that passes still lists
@@ -227,14 +228,27 @@ def selected(test, patterns):
     return False
 
 
+def once_only(test):
+    """A test of a test*.py module whose class says ONCE = True: what it
+    proves does not depend on the interpreter the suite runs (it runs the
+    machine's /usr/bin/python3 or only a shell), so it runs once per suite
+    run, in the once run, not under each interpreter."""
+    return getattr(test, "ONCE", False) is True
+
+
 def child(args):
     os.set_inheritable(args.events, False)   # no test's daemon may hold it
     Tracking.events = os.fdopen(args.events, "w")
-    suite = unittest.TestLoader().discover(TESTS, pattern=args.discover,
-                                           top_level_dir=TESTS)
+    loader = unittest.TestLoader()
+    tests = flatten(loader.discover(TESTS, pattern=args.discover, top_level_dir=TESTS))
+    if args.discover == EACH:
+        tests = [t for t in tests if not once_only(t)]
+    else:                               # the once run takes them in
+        tests = list(tests) + [t for t in flatten(loader.discover(
+            TESTS, pattern=EACH, top_level_dir=TESTS)) if once_only(t)]
+    suite = unittest.TestSuite(tests)
     if args.pattern:
-        suite = unittest.TestSuite(t for t in flatten(suite)
-                                   if selected(t, args.pattern))
+        suite = unittest.TestSuite(t for t in tests if selected(t, args.pattern))
     runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=1,
                                      resultclass=Tracking)
     return 0 if runner.run(suite).wasSuccessful() else 1
