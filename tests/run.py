@@ -254,7 +254,7 @@ def child(args):
     return 0 if runner.run(suite).wasSuccessful() else 1
 
 
-# --- the parent: find interpreters, run them two at a time, report ---------
+# --- the parent: find interpreters, run them all at once, report ----------
 
 def version_of(python):
     """'3.N.P' of an interpreter, or None when it does not run."""
@@ -501,8 +501,9 @@ def main(argv=None):
             return 1
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", help="interpreter to use")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="interpreters run at once (default 2)")
+    parser.add_argument("--jobs", type=int,
+                        help="interpreters run at once (default: all of them and "
+                             "the once run; their tests mostly wait on sockets)")
     parser.add_argument("-k", dest="pattern", action="append",
                         help="only tests whose id matches (unittest's -k rule)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -564,7 +565,8 @@ def main(argv=None):
                 run = queue.pop(0)
             execute(run, args.pattern, reporter)
 
-    threads = [threading.Thread(target=worker) for _ in range(max(1, args.jobs))]
+    threads = [threading.Thread(target=worker)
+               for _ in range(max(1, args.jobs or len(queue)))]
     for thread in threads:
         thread.start()
     for thread in threads:
