@@ -31,7 +31,9 @@ it fails) and /dev/log is a socket this runner watches: a line that arrives
 there is a failure (each test must log to its own socket). /etc and /dev are
 overlays there, so nothing a test writes below them reaches the machine; and
 a file a test writes in the machine's state directory (/run/gpu_preflight,
-root's default --state-dir) is a failure too.
+root's default --state-dir) is a failure too. Each interpreter's run, and the
+once run, has a network namespace of its own (a loopback, nothing else), so
+that runs at once never take each other's ports.
 
 The last line is "total: N passed, N failed, N skipped" (tests, a test with
 a failing subtest counted once); the exit status is 0 only when nothing
@@ -343,11 +345,23 @@ class Reporter(object):
             sys.stdout.flush()
 
 
+def own_network(cmd):
+    """cmd in a network namespace of its own with only its loopback, when
+    sealed: the interpreters run at once, and a port one of them freed for a
+    "connection refused" case must never become another's server (it did:
+    a 401 where the test wanted the refusal)."""
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    if not is_sealed() or not os.access(ip, os.X_OK):
+        return cmd
+    return [shutil.which("unshare") or "/usr/bin/unshare", "--net", "/bin/sh", "-c",
+            '"$1" link set lo up && shift && exec "$@"', "netns", ip] + cmd
+
+
 def execute(run, patterns, reporter):
     """Run one child, printing its module events as they come."""
     reporter.say(run, "started (%s)" % run.python)
-    cmd = [run.python, "-W", "error::DeprecationWarning", os.path.abspath(__file__),
-           "--child", "--discover", run.pattern]
+    cmd = own_network([run.python, "-W", "error::DeprecationWarning",
+                       os.path.abspath(__file__), "--child", "--discover", run.pattern])
     for pattern in patterns or ():
         cmd += ["-k", pattern]
     started = time.time()
