@@ -31,9 +31,9 @@ it fails) and /dev/log is a socket this runner watches: a line that arrives
 there is a failure (each test must log to its own socket). /etc and /dev are
 overlays there, so nothing a test writes below them reaches the machine; and
 a file a test writes in the machine's state directory (/run/gpu_preflight,
-root's default --state-dir) is a failure too. Each interpreter's run, and the
-once run, has a network namespace of its own (a loopback, nothing else), so
-that runs at once never take each other's ports.
+root's default --state-dir) is a failure too. Each interpreter's run has a
+network namespace of its own (a loopback, nothing else), so that runs at once
+never take each other's ports (the once run keeps the machine's).
 
 The last line is "total: N passed, N failed, N skipped" (tests, a test with
 a failing subtest counted once); the exit status is 0 only when nothing
@@ -349,9 +349,10 @@ def own_network(cmd):
     """cmd in a network namespace of its own with only its loopback, when
     sealed: the interpreters run at once, and a port one of them freed for a
     "connection refused" case must never become another's server (it did:
-    a 401 where the test wanted the refusal)."""
+    a 401 where the test wanted the refusal). The once run stays in the
+    machine's: slurmctld does not start in such a namespace."""
     ip = shutil.which("ip") or "/usr/sbin/ip"
-    if not is_sealed() or not os.access(ip, os.X_OK):
+    if not is_sealed() or not os.access(ip, os.X_OK) or ONCE in cmd:
         return cmd
     return [shutil.which("unshare") or "/usr/bin/unshare", "--net", "/bin/sh", "-c",
             '"$1" link set lo up && shift && exec "$@"', "netns", ip] + cmd
