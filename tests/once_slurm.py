@@ -166,6 +166,14 @@ class SlurmCase(unittest.TestCase):
     def wait_ran(self, job_id, marker, timeout=30):
         daemons.wait_for("job %s to run" % job_id, lambda: os.path.exists(marker), timeout)
 
+    def settled(self, what):
+        """The node's state once no job is on it: a job stays allocated a while
+        after its marker appears, then completing while slurmd reports its end
+        (longer when loaded: "allocated" failed an idle check, and RESUME on a
+        node still completing is "Invalid node state specified")."""
+        return daemons.wait_for(what, lambda: (lambda s: s if s[0] not in (
+            "allocated", "mixed", "completing") else None)(self.cluster.state()), 30)
+
 
 class HealthCheckTest(SlurmCase):
     timings = []
@@ -194,7 +202,7 @@ class HealthCheckTest(SlurmCase):
         super(HealthCheckTest, cls).tearDownClass()
 
     def setUp(self):
-        state = self.cluster.state()
+        state = self.settled("the node free of the jobs of the test before")
         if state[0] != "idle":
             self.cluster.resume()
 
@@ -378,10 +386,8 @@ exec /usr/local/bin/gpu_preflight --gpu --warmup off -q
 
 class PrologTest(SlurmCase):
     def idle_again(self):
-        """The node's state once its job has left "completing" (slurmd reports
-        the end a moment after the job's marker appears; longer when loaded)."""
-        return daemons.wait_for("the node idle after its job", lambda: (
-            lambda s: s if s[0] != "completing" else None)(self.cluster.state()), 30)
+        """The node's state once its job has ended."""
+        return self.settled("the node idle after its job")
 
     @classmethod
     def conf_lines(cls):

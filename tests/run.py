@@ -11,9 +11,10 @@ else one per minor version 3.6 to 3.13: the newest pyenv has
 versions/3.N.P/bin/python), else a `python3.N` on PATH; else the python3
 running this. Each interpreter runs
 the modules tests/test*.py. The modules tests/once_*.py (slow tests with real
-daemons) run once per suite run, beside the others, under /usr/bin/python3
-(Debian's, what cron and systemd find) when it exists, else under the newest
-interpreter found.
+daemons), and the test*.py classes that say ONCE = True (what they prove does
+not depend on the interpreter running the suite), run once per suite run,
+beside the others, under /usr/bin/python3 (Debian's, what cron and systemd
+find) when it exists, else under the newest interpreter found.
 
 Progress: a line when an interpreter starts and ends, and one per test module
 as it finishes (with the tests that failed). A run that passes still lists
@@ -30,7 +31,9 @@ it fails) and /dev/log is a socket this runner watches: a line that arrives
 there is a failure (each test must log to its own socket). /etc and /dev are
 overlays there, so nothing a test writes below them reaches the machine; and
 a file a test writes in the machine's state directory (/run/gpu_preflight,
-root's default --state-dir) is a failure too.
+root's default --state-dir) is a failure too. Each interpreter's run has a
+network namespace of its own (a loopback, nothing else), so that runs at once
+never take each other's ports (the once run keeps the machine's).
 
 The last line is "total: N passed, N failed, N skipped" (tests, a test with
 a failing subtest counted once); the exit status is 0 only when nothing
@@ -227,20 +230,33 @@ def selected(test, patterns):
     return False
 
 
+def once_only(test):
+    """A test of a test*.py module whose class says ONCE = True: what it
+    proves does not depend on the interpreter the suite runs (it runs the
+    machine's /usr/bin/python3 or only a shell), so it runs once per suite
+    run, in the once run, not under each interpreter."""
+    return getattr(test, "ONCE", False) is True
+
+
 def child(args):
     os.set_inheritable(args.events, False)   # no test's daemon may hold it
     Tracking.events = os.fdopen(args.events, "w")
-    suite = unittest.TestLoader().discover(TESTS, pattern=args.discover,
-                                           top_level_dir=TESTS)
+    loader = unittest.TestLoader()
+    tests = flatten(loader.discover(TESTS, pattern=args.discover, top_level_dir=TESTS))
+    if args.discover == EACH:
+        tests = [t for t in tests if not once_only(t)]
+    else:                               # the once run takes them in
+        tests = list(tests) + [t for t in flatten(loader.discover(
+            TESTS, pattern=EACH, top_level_dir=TESTS)) if once_only(t)]
+    suite = unittest.TestSuite(tests)
     if args.pattern:
-        suite = unittest.TestSuite(t for t in flatten(suite)
-                                   if selected(t, args.pattern))
+        suite = unittest.TestSuite(t for t in tests if selected(t, args.pattern))
     runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=1,
                                      resultclass=Tracking)
     return 0 if runner.run(suite).wasSuccessful() else 1
 
 
-# --- the parent: find interpreters, run them two at a time, report ---------
+# --- the parent: find interpreters, run them all at once, report ----------
 
 def version_of(python):
     """'3.N.P' of an interpreter, or None when it does not run."""
@@ -329,11 +345,24 @@ class Reporter(object):
             sys.stdout.flush()
 
 
+def own_network(cmd):
+    """cmd in a network namespace of its own with only its loopback, when
+    sealed: the interpreters run at once, and a port one of them freed for a
+    "connection refused" case must never become another's server (it did:
+    a 401 where the test wanted the refusal). The once run stays in the
+    machine's: slurmctld does not start in such a namespace."""
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    if not is_sealed() or not os.access(ip, os.X_OK) or ONCE in cmd:
+        return cmd
+    return [shutil.which("unshare") or "/usr/bin/unshare", "--net", "/bin/sh", "-c",
+            '"$1" link set lo up && shift && exec "$@"', "netns", ip] + cmd
+
+
 def execute(run, patterns, reporter):
     """Run one child, printing its module events as they come."""
     reporter.say(run, "started (%s)" % run.python)
-    cmd = [run.python, "-W", "error::DeprecationWarning", os.path.abspath(__file__),
-           "--child", "--discover", run.pattern]
+    cmd = own_network([run.python, "-W", "error::DeprecationWarning",
+                       os.path.abspath(__file__), "--child", "--discover", run.pattern])
     for pattern in patterns or ():
         cmd += ["-k", pattern]
     started = time.time()
@@ -487,8 +516,9 @@ def main(argv=None):
             return 1
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", action="append", help="interpreter to use")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="interpreters run at once (default 2)")
+    parser.add_argument("--jobs", type=int,
+                        help="interpreters run at once (default: all of them and "
+                             "the once run; their tests mostly wait on sockets)")
     parser.add_argument("-k", dest="pattern", action="append",
                         help="only tests whose id matches (unittest's -k rule)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -550,7 +580,8 @@ def main(argv=None):
                 run = queue.pop(0)
             execute(run, args.pattern, reporter)
 
-    threads = [threading.Thread(target=worker) for _ in range(max(1, args.jobs))]
+    threads = [threading.Thread(target=worker)
+               for _ in range(max(1, args.jobs or len(queue)))]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -87,6 +87,10 @@ class ShapeTest(unittest.TestCase):
         self.assertLessEqual(entries, allowed)
         self.assertIn("gpu_preflight.py", entries)
 
+
+class VerminTest(unittest.TestCase):
+    ONCE = True     # vermin reads the files, whatever runs the suite: once a run
+
     def test_vermin_finds_nothing_newer_than_3_6(self):
         vermin = support.require_tool(self, "vermin", os.environ.get("VERMIN"))
         files = [support.SCRIPT] + sorted(

@@ -1113,6 +1113,8 @@ class TestChecksum(InstallTestCase):
 class TestInstallShStatic(unittest.TestCase):
     """Static checks on install.sh itself; no gpu_preflight.py needed."""
 
+    ONCE = True     # no Python runs: tests/run.py runs these once per suite run
+
     def test_shellcheck(self):
         shellcheck = support.require_tool(self, "shellcheck")
         proc = subprocess.run(

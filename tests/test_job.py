@@ -501,7 +501,7 @@ class EscalateAfterTest(JobCase):
         import fcntl
         emu = self.emulator(mode="hang")
         lock = self.path("gpu.lock")
-        args = ["--host", emu.url, "--timeout", "1", "--state-dir", self.state,
+        args = ["--host", emu.url, "--timeout", "0.5", "--state-dir", self.state,
                 "--lock", lock, "--escalate-after", "3"]
 
         def verdict(mode, code):
