@@ -406,7 +406,7 @@ class Attempt(object):
         what: the request, when not STAGE_WHAT's; model: the one it warms."""
         now = time.monotonic()
         left = self.deadline_at - now
-        what = (what or STAGE_WHAT[name]) + (" for %s" % model["name"] if model else "")
+        what = (what or STAGE_WHAT[name]) + (" for %s" % model.name if model else "")
         if left <= 0:
             raise Fail(EX_TEMPFAIL, self.cut_by_deadline("before " + what), name)
         loads = name == "warmup" and model is not None and may_load(model)
@@ -445,9 +445,9 @@ class Attempt(object):
             self.stages.append({"name": stage.name, "status": status,
                                 "duration_ms": round(ms, 1), "reason": reason})
             if stage.model:
-                self.stages[-1]["model"] = stage.model["name"]
+                self.stages[-1]["model"] = stage.model.name
                 if status == "fail":        # --json says why per model
-                    stage.model["reason"] = reason
+                    stage.model.reason = reason
             if code is not None:
                 self.code, self.stage, self.reason = code, stage.name, reason
                 self.wake.set()
@@ -522,7 +522,7 @@ class Attempt(object):
                                                           self.before)
         else:
             text = "%s timed out after %gs" % (stage.what, stage.limit)
-        if stage.name == "warmup" and stage.model["was_loaded"] is False:
+        if stage.name == "warmup" and stage.model.was_loaded is False:
             bound, flag = "--load-timeout %gs" % stage.limit, "--load-timeout"
             if cut:
                 bound, flag = "the deadline", "--deadline"
@@ -530,12 +530,12 @@ class Attempt(object):
                      "drops a load when the client gives up): allow a longer load "
                      "(%s) or keep the model loaded on the server (OLLAMA_KEEP_ALIVE=-1 "
                      "for ollama serve, or --keep-alive 1h)" % (
-                         stage.model["name"], bound, flag))
-        elif stage.name == "warmup" and stage.model.get("reload"):
+                         stage.model.name, bound, flag))
+        elif stage.name == "warmup" and stage.model.reload:
             text += ("; reload: %s, so Ollama reloads %s and drops the load when the "
                      "client gives up: send the job's num_ctx (--ollama-option) or "
-                     "allow a longer load (%s)" % (stage.model["reload"], stage.model[
-                         "name"], "--deadline" if cut else "--load-timeout"))
+                     "allow a longer load (%s)" % (stage.model.reload, stage.model.name,
+                                                   "--deadline" if cut else "--load-timeout"))
         return text
 
     @contextlib.contextmanager
@@ -545,7 +545,7 @@ class Attempt(object):
         try:
             yield
         finally:
-            model["warmup_ms"] = round((time.monotonic() - started) * 1000.0, 1)
+            model.warmup_ms = round((time.monotonic() - started) * 1000.0, 1)
 
     def expire(self, stage):    # the watchdog's verdict on a stage past its budget
         self._record(stage, "fail", self.timeout_reason(stage), EX_TEMPFAIL)
@@ -647,12 +647,12 @@ def check_service(run, client):
             choose_models(run, listed, [n for n in loaded if n][:1] or [_name(first[0])])
             judge_cloud(run)
         for model in run.models:
-            model["was_loaded"] = None if running is None or model["cloud"] else bool(
+            model.was_loaded = None if running is None or model.cloud else bool(
                 entries_of(model, running))
             read_context(run, model, (entries_of(model, running or ()) or [{}])[0],
                          "context_length", "GET /api/ps")
-            model["reload"] = model["was_loaded"] and num_ctx_differs(
-                model["context_length"], runner_options(opts, model).get("num_ctx"))
+            model.reload = model.was_loaded and num_ctx_differs(
+                model.context_length, runner_options(opts, model).get("num_ctx"))
         if opts.warmup != "off":
             run.make_room_for_loads(sum(may_load(m) for m in run.models))
     if opts.require or opts.warmup != "off" or opts.min_context:
@@ -663,10 +663,10 @@ def check_service(run, client):
         return "service up, %s present (warm-up off)" % model_names(run)
     for model in run.models:    # one after another: a load can take the GPU
         with run.timing(model):
-            if model["kind"] != "embed" and ollama_generate(run, client, model):
-                model["kind"] = "generate"
+            if model.kind != "embed" and ollama_generate(run, client, model):
+                model.kind = "generate"
             else:
-                model["kind"] = "embed"
+                model.kind = "embed"
                 ollama_embed(run, client, model)
     check_requirements(run, observed=True)
     local = local_models(run)
@@ -681,6 +681,23 @@ def check_service(run, client):
         check_vram_held(run)
     check_context(run)
     return answered(run)
+
+
+class Model(object):
+    """One model the preflight checks: its name, the server's list entry for
+    it and whether it runs on ollama.com, then what each stage finds out
+    (None: not known). The --json "models" list shows the fields it names."""
+
+    __slots__ = ("name", "entry", "cloud", "kind", "capabilities", "unreadable",
+                 "warmup_ms", "resident", "size", "size_vram", "was_loaded", "reload",
+                 "load_ms", "context_length", "context_bad", "reason")
+
+    def __init__(self, name, entry, cloud=False):
+        self.name, self.entry, self.cloud = name, entry, cloud
+        self.kind = self.capabilities = self.unreadable = self.warmup_ms = None
+        self.resident = self.size = self.size_vram = self.was_loaded = None
+        self.reload = self.load_ms = self.context_length = self.context_bad = None
+        self.reason = ""        # why this model is not fit, once a stage says
 
 
 def choose_models(run, listed, wanted, where=None, listing=None):
@@ -700,11 +717,7 @@ def choose_models(run, listed, wanted, where=None, listing=None):
             subject, where, missing_hint(missing, names, ollama),
             listing, sanitise(", ".join(names[:10]) or "no models")))
     entries = [listed[names.index(n)] if n in names else {"name": n} for n in found]
-    run.models = [dict(name=n, kind=None, capabilities=None, warmup_ms=None,
-                       resident=None, size_vram=None, size=None, was_loaded=None, load_ms=None,
-                       context_length=None, reason="", entry=e,
-                       cloud=ollama and is_cloud(n, e))
-                  for n, e in zip(found, entries)]
+    run.models = [Model(n, e, ollama and is_cloud(n, e)) for n, e in zip(found, entries)]
     run.model = found[0]
 
 
@@ -747,13 +760,13 @@ def may_load(model):
     """Whether a model's warm-up may take a load's time (--load-timeout): /api/ps
     did not list it, its warm-up's num_ctx reloads it, or it runs on ollama.com,
     which may queue or cold-start it."""
-    return model["was_loaded"] is False or bool(model.get("reload")) or model["cloud"]
+    return model.was_loaded is False or bool(model.reload) or model.cloud
 
 
 def judge_cloud(run):
     """Fail (78) for a cloud model unless --allow-cloud: its answer comes from
     ollama.com and proves nothing of this host's GPU; allowed, a note says so."""
-    cloud = [m["name"] for m in run.models if m["cloud"]]
+    cloud = [m.name for m in run.models if m.cloud]
     named = sanitise(", ".join(cloud))
     if cloud and not run.opts.allow_cloud:
         said = "is an Ollama cloud model (runs", "it"
@@ -768,18 +781,18 @@ def judge_cloud(run):
 
 def local_models(run):
     """The models that run on this host: placement is judged for these alone."""
-    return [m for m in run.models if not m["cloud"]]
+    return [m for m in run.models if not m.cloud]
 
 
 def entries_of(model, running):
     """The /api/ps entries of this model: by name or digest (tags of one blob: one runner)."""
-    digest = model["entry"].get("digest")
-    return [m for m in running if same_model(_name(m), model["name"]) or (
+    digest = model.entry.get("digest")
+    return [m for m in running if same_model(_name(m), model.name) or (
         isinstance(digest, str) and digest and m.get("digest") == digest)]
 
 
 def model_names(run):
-    return ", ".join(m["name"] for m in run.models)
+    return ", ".join(m.name for m in run.models)
 
 
 def answered(run):
@@ -787,9 +800,9 @@ def answered(run):
     said = []
     for model in run.models:
         what = "the load" if run.opts.warmup == "load" else "a token"
-        if model["kind"] == "embed":
+        if model.kind == "embed":
             what = "a vector"
-        said.append("%s %s" % (model["name"], what))
+        said.append("%s %s" % (model.name, what))
     if len(said) == 1:
         return said[0].replace(" ", " answered ", 1)
     return "%d models answered: %s" % (len(said), ", ".join(said))
@@ -799,20 +812,20 @@ def ollama_kinds(run, client):
     """Each model's kind and capabilities, before anything is sent to it: in
     /api/tags (Ollama 0.30+), else POST /api/show (0.6.4+), else unknown."""
     for model in run.models:
-        caps = capabilities(model["entry"], "GET /api/tags", "tags")
-        if caps is None and "capabilities" not in model["entry"]:
+        caps = capabilities(model.entry, "GET /api/tags", "tags")
+        if caps is None and "capabilities" not in model.entry:
             try:
                 with run.step("show", optional=True, model=model) as budget:
                     caps = capabilities(client.json("POST", "/api/show", budget, {
-                        "model": model["name"], "name": model["name"]},
-                        about=model["name"]), "POST /api/show")
+                        "model": model.name, "name": model.name},
+                        about=model.name), "POST /api/show")
             except Fail as exc:     # a --require on this model cannot be judged
-                model["unreadable"] = exc
-                run.notes.append("capabilities of %s unknown (%s)" % (model["name"],
+                model.unreadable = exc
+                run.notes.append("capabilities of %s unknown (%s)" % (model.name,
                                                                       exc.reason))
         if caps is not None:        # "embedding" alone: an embedding model
-            model["capabilities"] = caps
-            model["kind"] = "generate" if "completion" in caps or \
+            model.capabilities = caps
+            model.kind = "generate" if "completion" in caps or \
                 "embedding" not in caps else "embed"
 
 
@@ -834,37 +847,37 @@ def check_requirements(run, observed=False):
     each model showed (OpenAI servers' only word on it)."""
     require = run.opts.require
     strays = [t for t, _ in require if t and not any(
-        same_model(t, m["name"]) for m in run.models)]
+        same_model(t, m.name) for m in run.models)]
     if strays:
         raise Fail(EX_CONFIG, "--require names %s, which is not a model this check warms "
                    "(--model)" % ", ".join(sanitise(t) for t in strays), "require")
-    if any(not t for t, _ in require) and all(m["kind"] == "embed" for m in run.models):
+    if any(not t for t, _ in require) and all(m.kind == "embed" for m in run.models):
         raise Fail(EX_CONFIG, "--require %s asks the generative models, and none of %s "
                    "is one" % (",".join(c for t, cs in require if not t for c in cs),
                                model_names(run)), "require")
     lacking, unknown = [], []
     for model in run.models:
         wanted = sorted(set(cap for target, caps in require for cap in caps
-                            if (same_model(target, model["name"]) if target
-                                else model["kind"] != "embed")))
-        have = model["capabilities"]
+                            if (same_model(target, model.name) if target
+                                else model.kind != "embed")))
+        have = model.capabilities
         if observed:
-            have = ["completion" if model["kind"] == "generate" else "embedding"]
+            have = ["completion" if model.kind == "generate" else "embedding"]
             wanted = [c for c in wanted if c in ("completion", "embedding")]
-        elif wanted and have is None and "unreadable" in model:
-            raise Fail(model["unreadable"].code, "the capabilities of %s could not be "
+        elif wanted and have is None and model.unreadable:
+            raise Fail(model.unreadable.code, "the capabilities of %s could not be "
                        "read, so --require cannot be checked: %s" % (
-                           model["name"], model["unreadable"].reason), "require")
+                           model.name, model.unreadable.reason), "require")
         elif wanted and have is None:
-            unknown.append(model["name"])
+            unknown.append(model.name)
             continue
         missing = [c for c in wanted if c not in have]
         if missing and observed:
             lacking.append("%s answered as a model of %s, not %s" % (
-                model["name"], have[0], ", ".join(missing)))
+                model.name, have[0], ", ".join(missing)))
         elif missing:
             lacking.append("%s lacks %s (it declares %s)" % (
-                model["name"], ", ".join(missing), ", ".join(have) or "none"))
+                model.name, ", ".join(missing), ", ".join(have) or "none"))
     if lacking:
         raise Fail(EX_CONFIG, "the job's --require is not met: %s; use a model that "
                    "declares it" % "; ".join(sanitise(l) for l in lacking), "require")
@@ -884,12 +897,12 @@ def ollama_generate(run, client, model):
     options = runner_options(opts, model)
     payload = ollama_payload(opts, model, dict(options, num_predict=1), stream=False,
                              prompt=WARMUP_PROMPT if opts.warmup == "token" else "")
-    what = "POST /api/generate for %s" % model["name"]
+    what = "POST /api/generate for %s" % model.name
     with run.step("warmup", model=model) as budget:
         try:
-            answer = client.call("POST", "/api/generate", budget, payload, model["name"])
+            answer = client.call("POST", "/api/generate", budget, payload, model.name)
         except Fail as exc:
-            if model["kind"] is None and re.search(_EMBEDDING_REFUSAL, exc.detail or ""):
+            if model.kind is None and re.search(_EMBEDDING_REFUSAL, exc.detail or ""):
                 return False
             raise
         try:
@@ -905,7 +918,7 @@ def ollama_generate(run, client, model):
             raise Fail(EX_CONFIG, "--warmup load with keep-alive 0 only unloads the "
                        "model: nothing was loaded or run")
         load_ns = whole_number(final, "load_duration", what)
-        model["load_ms"] = load_ms(load_ns)
+        model.load_ms = load_ms(load_ns)
         judge_load(run, model, load_ns, options)
     return True
 
@@ -925,8 +938,8 @@ def runner_options(opts, model):
     needsReload divide by OLLAMA_NUM_PARALLEL alike in 0.10 and 0.11; the
     runner holds it per sequence from 0.12; llm/llama_server.go ContextLength)."""
     options = dict(opts.ollama_option)
-    if model["was_loaded"] and model["context_length"] and "num_ctx" not in options:
-        options["num_ctx"] = model["context_length"]
+    if model.was_loaded and model.context_length and "num_ctx" not in options:
+        options["num_ctx"] = model.context_length
     return options
 
 
@@ -935,10 +948,10 @@ def judge_load(run, model, load_ns, options):
     when the model was loaded before (the warm-up reloaded the job's runner)."""
     if not load_ns or load_ns <= 1e9:
         return
-    run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model["name"]))
-    if model["was_loaded"]:
-        run.problems.append(reload_problem(model["name"], load_ns / 1e9,
-                                           model["context_length"], options.get("num_ctx")))
+    run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model.name))
+    if model.was_loaded:
+        run.problems.append(reload_problem(model.name, load_ns / 1e9,
+                                           model.context_length, options.get("num_ctx")))
 
 
 def reload_problem(name, seconds, loaded, sent):
@@ -962,7 +975,7 @@ def num_ctx_differs(loaded, sent):
 
 def ollama_payload(opts, model, options, **fields):
     """A warm-up's body, with the runner options and keep_alive the job uses."""
-    payload = dict(model=model["name"], **fields)
+    payload = dict(model=model.name, **fields)
     if options:
         payload["options"] = options
     if opts.keep_alive is not None:
@@ -993,7 +1006,7 @@ def ollama_embed(run, client, model):
     payload = ollama_payload(run.opts, model, options, input=WARMUP_PROMPT)
     with run.step("warmup", what="POST /api/embed", model=model) as budget:
         try:
-            doc = client.json("POST", "/api/embed", budget, payload, model["name"])
+            doc = client.json("POST", "/api/embed", budget, payload, model.name)
         except Fail as exc:
             if exc.status != 404:   # no such route: Ollama before 0.2.6
                 raise
@@ -1001,14 +1014,14 @@ def ollama_embed(run, client, model):
         if doc is not None:
             vectors = doc.get("embeddings")
             need_vector(doc, vectors[0] if isinstance(vectors, list) and vectors else None,
-                        "POST /api/embed for " + model["name"], "embeddings[0]")
-            load_ns = whole_number(doc, "load_duration", "POST /api/embed for " + model["name"])
-            model["load_ms"] = load_ms(load_ns)
+                        "POST /api/embed for " + model.name, "embeddings[0]")
+            load_ns = whole_number(doc, "load_duration", "POST /api/embed for " + model.name)
+            model.load_ms = load_ms(load_ns)
             return judge_load(run, model, load_ns, options)
     payload["prompt"] = payload.pop("input")
     with run.step("warmup", what="POST /api/embeddings", model=model) as budget:
-        doc = client.json("POST", "/api/embeddings", budget, payload, model["name"])
-        need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model["name"],
+        doc = client.json("POST", "/api/embeddings", budget, payload, model.name)
+        need_vector(doc, doc.get("embedding"), "POST /api/embeddings for " + model.name,
                     "embedding")
 
 
@@ -1085,41 +1098,41 @@ def check_placement(run, running):
     models = local_models(run)
     for model in models:
         entries = entries_of(model, running)
-        model["resident"] = bool(entries)
+        model.resident = bool(entries)
         read_context(run, model, entries[0] if entries else {}, "context_length",
                      "GET /api/ps")
         if entries:
-            model["size"], model["size_vram"] = (whole_number(entries[0], key, "GET /api/ps")
+            model.size, model.size_vram = (whole_number(entries[0], key, "GET /api/ps")
                                                  for key in ("size", "size_vram"))
-    gone = [m for m in models if not m["resident"]]
+    gone = [m for m in models if not m.resident]
     if gone and len(gone) == len(models):
         run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
                          "GPU placement not verified" % ("model" if len(run.models) == 1
-                                                         else ", ".join(m["name"] for m in gone)))
+                                                         else ", ".join(m.name for m in gone)))
         return
     unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
              "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
     least = run.opts.min_vram_pct
     for model in models:
-        size, vram = model["size"], model["size_vram"]
+        size, vram = model.size, model.size_vram
         if not size or vram is None:
             run.notes.append("GPU placement of %s not reported by the server"
-                             % model["name"])
+                             % model.name)
             continue
         pct = min(100, int(round(100.0 * vram / size)))
         run.vram_pct = pct if run.vram_pct is None else run.vram_pct
         if vram == 0 and not run.opts.allow_cpu:
-            model["reason"] = "runs on the CPU"
-            code, reason = on_the_cpu(run, model["name"], size >> 20)
+            model.reason = "runs on the CPU"
+            code, reason = on_the_cpu(run, model.name, size >> 20)
             raise Fail(code, reason, busy=code == EX_TEMPFAIL)     # VRAM held by others
         if least and 100 * vram < least * size and vram:    # --allow-cpu takes 0
-            model["reason"] = "partial offload"
+            model.reason = "partial offload"
             raise Fail(EX_TEMPFAIL, "model %s: partial offload %d %% < %d %% "
                        "(--min-vram-pct): the rest runs on the CPU, as the GPU had no "
                        "more free memory; free it, or use a smaller model or num_ctx" % (
-                           model["name"], min(pct, 100 * vram // size), least), busy=True)
+                           model.name, min(pct, 100 * vram // size), least), busy=True)
         if 0 < vram < size:
-            run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model["name"]))
+            run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model.name))
 
 
 def on_the_cpu(run, name, need):
@@ -1160,7 +1173,7 @@ def check_vram_held(run):
     driver can tell a CPU run: NVML, read again when the warm-up loaded a
     model (or reloaded it: load_duration over 1 s)."""
     local = local_models(run)
-    claimed = sum(m["size_vram"] or 0 for m in local if m["resident"]) >> 20
+    claimed = sum(m.size_vram or 0 for m in local if m.resident) >> 20
     if run.opts.allow_cpu or not claimed or not run.gpu or not is_loopback(
             url_host(run.opts.host)):
         return
@@ -1169,11 +1182,11 @@ def check_vram_held(run):
                          % run.gpu["backend"])
         return
     after = None
-    if not all(m["was_loaded"] and (m["load_ms"] or 0) <= 1000 for m in local):
+    if not all(m.was_loaded and (m.load_ms or 0) <= 1000 for m in local):
         after = gpus_again(run)
         if after is None:
             return
-    held = vram_held(run, after, all(m["was_loaded"] is False for m in local))
+    held = vram_held(run, after, all(m.was_loaded is False for m in local))
     if held is None:
         run.notes.append("VRAM use not cross-checked (NVML's per-process figures are "
                          "unusable here, and the warm-up did not load every model)")
@@ -1219,11 +1232,11 @@ def vram_held(run, after=None, grew=False):
 def unloaded(run, gone, causes):
     """Fail (75) for models a later load pushed out: they do not fit together."""
     for model in gone:
-        model["reason"] = "unloaded when a later model loaded"
+        model.reason = "unloaded when a later model loaded"
     if gone:
         raise Fail(EX_TEMPFAIL, "%s %s unloaded when a later model loaded: the models "
                    "do not fit together (%s, or run these jobs apart)" % (
-                       ", ".join(m["name"] for m in gone),
+                       ", ".join(m.name for m in gone),
                        "was" if len(gone) == 1 else "were", causes))
 
 
@@ -1233,22 +1246,22 @@ MAX_CONTEXT = 2 ** 24
 
 
 def read_context(run, model, doc, key, what):
-    """model["context_length"]: doc[key] (Ollama /api/ps context_length from
+    """model.context_length: doc[key] (Ollama /api/ps context_length from
     0.10.0, vLLM max_model_len, llama-server n_ctx), None when absent or 0;
     a value that is no count of 1 to MAX_CONTEXT is None too, and a problem
     (check_context fails on it only under --min-context)."""
     value = doc.get(key)
-    model["context_length"], model["context_bad"] = None, None
+    model.context_length, model.context_bad = None, None
     if value is None or value == 0 and type(value) is int:
         return
     if type(value) is int and 0 < value <= MAX_CONTEXT:
-        model["context_length"] = value
+        model.context_length = value
         return
-    model["context_bad"] = "%s: %s of %s is %s, not a context window" % (
-        what, key, model["name"], sanitise(repr(value)[:40]) if isinstance(
+    model.context_bad = "%s: %s of %s is %s, not a context window" % (
+        what, key, model.name, sanitise(repr(value)[:40]) if isinstance(
             value, (int, float, str)) else "a " + type(value).__name__)
-    if model["context_bad"] not in run.problems:
-        run.problems.append(model["context_bad"])
+    if model.context_bad not in run.problems:
+        run.problems.append(model.context_bad)
 
 
 def check_context(run):
@@ -1258,31 +1271,31 @@ def check_context(run):
     least = run.opts.min_context
     if not least:
         return
-    models = [m for m in run.models if m["kind"] != "embed"]
-    bad = [m["context_bad"] for m in models if m.get("context_bad")]
+    models = [m for m in run.models if m.kind != "embed"]
+    bad = [m.context_bad for m in models if m.context_bad]
     if bad:
         raise Fail(EX_UNAVAILABLE, "%s: --min-context cannot be checked" % "; ".join(bad),
                    "context")
-    unknown = [m for m in models if m["context_length"] is None]
-    cold = [m["name"] for m in unknown if m["was_loaded"] is False and not m["resident"]]
+    unknown = [m for m in models if m.context_length is None]
+    cold = [m.name for m in unknown if m.was_loaded is False and not m.resident]
     if cold:                        # Ollama tells a runner's context, none before a load
         run.problems.append("context not checked: %s not loaded, so no context is "
                             "known yet" % ", ".join(cold))
-    unknown = [m["name"] for m in unknown if m["name"] not in cold]
+    unknown = [m.name for m in unknown if m.name not in cold]
     if unknown:
         run.problems.append("context not checked: the server does not report the "
                             "context window of %s" % ", ".join(unknown))
-    short = [m for m in models if m["context_length"] is not None and
-             m["context_length"] < least]
+    short = [m for m in models if m.context_length is not None and
+             m.context_length < least]
     for model in short:
-        model["reason"] = "context %d < %d" % (model["context_length"], least)
+        model.reason = "context %d < %d" % (model.context_length, least)
     if short:
         raise Fail(EX_CONFIG, context_reason(short, least, run.api), "context")
 
 
 def context_reason(short, least, api):
     """The 78 of --min-context: both numbers, and how the server sets a context."""
-    said = "; ".join("%s runs with a %d-token context" % (m["name"], m["context_length"])
+    said = "; ".join("%s runs with a %d-token context" % (m.name, m.context_length)
                      for m in short)
     return "%s, the job needs %d (--min-context): %s" % (
         said, least, api_rules(api).context_fix % {"least": least})
@@ -1374,12 +1387,12 @@ def check_openai(run, client):
                 ask_openai(run, client, model, "embedding")
     check_requirements(run, observed=True)
     openai_context(run, client)
-    if len(run.models) > 1 and any(router_state(m["entry"]) for m in run.models):
+    if len(run.models) > 1 and any(router_state(m.entry) for m in run.models):
         with run.step("placement", what="GET /v1/models") as budget:
             now = served_models(client.json("GET", "/v1/models", budget))
-            states = [set(router_state(e) for e in now if e["name"] == m["name"])
+            states = [set(router_state(e) for e in now if e["name"] == m.name)
                       for m in run.models]      # empty: no longer listed
-            unknown = [m["name"] for m, s in zip(run.models, states) if s == {None}]
+            unknown = [m.name for m, s in zip(run.models, states) if s == {None}]
             if unknown:
                 run.notes.append("load state of %s not reported" % ", ".join(unknown))
             unloaded(run, [m for m, s in zip(run.models, states) if not s & {"loaded", None}],
@@ -1458,8 +1471,8 @@ def openai_context(run, client):
     default_generation_settings.n_ctx, what one slot (one request) gets
     (llama.cpp tools/server README and get_props); a server without it says none."""
     for model in run.models:
-        read_context(run, model, model["entry"], "max_model_len", "GET /v1/models")
-    if not run.opts.min_context or len(run.models) != 1 or run.models[0]["context_length"]:
+        read_context(run, model, model.entry, "max_model_len", "GET /v1/models")
+    if not run.opts.min_context or len(run.models) != 1 or run.models[0].context_length:
         return
     try:
         with run.step("props", optional=True) as budget:
@@ -1505,11 +1518,11 @@ def ask_openai(run, client, model, stage):
     """One request proving a model: "done", "no route" (404 or 405: not
     offered here) or "wrong kind" (generation asked of an embedding model)."""
     path = STAGE_WHAT[stage].split()[1]
-    what = "POST %s for %s" % (path, model["name"])
+    what = "POST %s for %s" % (path, model.name)
     with run.step(stage, model=model) as budget:
         try:
             doc = client.json("POST", path, budget, dict(OPENAI_ASKS[stage],
-                                                         model=model["name"]), model["name"])
+                                                         model=model.name), model.name)
         except Fail as exc:
             if stage != "embedding" and re.search(_WRONG_KIND, exc.detail or ""):
                 return "wrong kind"
@@ -1533,7 +1546,7 @@ def ask_openai(run, client, model, stage):
         elif not isinstance(doc.get("choices"), list) or not doc["choices"]:
             raise Fail(EX_UNAVAILABLE, "%s: answered without a completion (no choices)"
                        % what)
-    model["kind"] = "embed" if stage == "embedding" else "generate"
+    model.kind = "embed" if stage == "embedding" else "generate"
     return "done"
 
 
@@ -3083,8 +3096,8 @@ def metrics_text(run, skips, now):
         ("consecutive_skips", "checks in a row that did not find the service ready",
          [(labels, skips)]),
         ("model_warmup_seconds", "time each model's warm-up took in the last check",
-         [('%s,model="%s",kind="%s"' % (host, label(m["name"]), m["kind"] or ""),
-           m["warmup_ms"] / 1000.0) for m in run.models if m["warmup_ms"] is not None]),
+         [('%s,model="%s",kind="%s"' % (host, label(m.name), m.kind or ""),
+           m.warmup_ms / 1000.0) for m in run.models if m.warmup_ms is not None]),
     ]
     lines = []
     for name, text, samples in (family for family in families if family[2]):
@@ -3171,10 +3184,10 @@ def fact(log_key, json_key, value, *shown):
 def verdict_facts(run, elapsed_ms):
     """Every fact of the verdict once, as Facts in the log line's order."""
     ready, models, opts = run.code == EX_OK, run.models, run.opts
-    loaded = models[0]["was_loaded"] if models else None
-    first_load = models[0]["load_ms"] if models else None
-    cloud = any(m["cloud"] for m in models)
-    ctx = models[0]["context_length"] if models else None
+    loaded = models[0].was_loaded if models else None
+    first_load = models[0].load_ms if models else None
+    cloud = any(m.cloud for m in models)
+    ctx = models[0].context_length if models else None
     return [
         fact("result", "result", "ready" if ready else "skip"), fact(None, "ready", ready),
         fact("code", "exit_code", run.code), fact("stage", "stage", run.stage),
@@ -3182,12 +3195,12 @@ def verdict_facts(run, elapsed_ms):
         fact("model", "model", run.model),
         fact("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
         fact("models" if len(models) > 1 else None, "models",
-             [dict((k, m[k]) for k in ("name", "kind", "capabilities", "warmup_ms",
+             [dict((k, getattr(m, k)) for k in ("name", "kind", "capabilities", "warmup_ms",
                                        "resident", "size_vram", "was_loaded", "load_ms",
                                        "cloud", "context_length", "reason"))
               for m in models],
-             ", ".join("%s %s %s" % (m["name"], m["kind"] or "-", "-" if m["warmup_ms"]
-                                     is None else "%dms" % m["warmup_ms"]) for m in models)),
+             ", ".join("%s %s %s" % (m.name, m.kind or "-", "-" if m.warmup_ms
+                                     is None else "%dms" % m.warmup_ms) for m in models)),
     ] + [fact("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
         fact("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
              "yes" if loaded else "no"),

@@ -361,8 +361,9 @@ class ContextJudgeTest(unittest.TestCase):
                                          (True, 32768, {"num_ctx": 2048}, 2048)):
             with self.subTest(loaded=loaded, ctx=ctx, given=given):
                 opts.ollama_option = dict(given, num_gpu=99)
-                options = gp.runner_options(opts, {"was_loaded": loaded,
-                                                   "context_length": ctx})
+                model = gp.Model("m", {})
+                model.was_loaded, model.context_length = loaded, ctx
+                options = gp.runner_options(opts, model)
                 self.assertEqual((options.get("num_ctx"), options["num_gpu"]), (sent, 99))
 
     def test_read_context_takes_a_count_up_to_the_bound_and_notes_the_rest(self):
@@ -372,22 +373,21 @@ class ContextJudgeTest(unittest.TestCase):
                                   ("8192", None, True), (4096.0, None, True),
                                   (True, None, True), ([8192], None, True)):
             with self.subTest(value=value):
-                run, model = gp.argparse.Namespace(problems=[]), {"name": "m"}
+                run, model = gp.argparse.Namespace(problems=[]), gp.Model("m", {})
                 gp.read_context(run, model, {"n_ctx": value}, "n_ctx", "GET /props")
-                self.assertEqual(model["context_length"], ctx)
-                self.assertEqual(run.problems, [model["context_bad"]] if noted else [])
+                self.assertEqual(model.context_length, ctx)
+                self.assertEqual(run.problems, [model.context_bad] if noted else [])
                 if noted:
-                    self.assertIn("GET /props: n_ctx of m is ", model["context_bad"])
+                    self.assertIn("GET /props: n_ctx of m is ", model.context_bad)
 
     def test_min_context_fails_under_n_and_notes_what_is_not_reported(self):
         def judge(least, contexts, api="ollama", kinds=(), loaded=()):
+            models = [gp.Model("m%d" % i, {}) for i in range(len(contexts))]
+            for model, c, kind, was in zip(models, contexts, list(kinds) + [None] * 9,
+                                           list(loaded) + [None] * 9):
+                model.context_length, model.kind, model.was_loaded = c, kind, was
             run = gp.argparse.Namespace(opts=gp.argparse.Namespace(min_context=least),
-                                        api=api, problems=[], models=[
-                                            dict(name="m%d" % i, context_length=c, reason="",
-                                                 kind=(list(kinds) + [None] * 9)[i],
-                                                 was_loaded=(list(loaded) + [None] * 9)[i],
-                                                 resident=None)
-                                            for i, c in enumerate(contexts)])
+                                        api=api, problems=[], models=models)
             try:
                 gp.check_context(run)
             except gp.Fail as exc:
