@@ -375,7 +375,10 @@ class Attempt(object):
         self.opts = opts
         self.attempt = attempt      # --wait: which attempt this is
         self.reused = None          # --share-result: the state reused, if any
-        self.problems = before.problems if before else []   # state, metrics, TLS
+        # What was not done or not checked (state, metrics, TLS, context): logged
+        # with every verdict (the key problem) and --json's "problems", carried
+        # across --wait's attempts. ready_notes below are said only when ready.
+        self.problems = before.problems if before else []
         self.before = before and before.reason     # --wait: the last attempt's reason
         self.cut = False            # ended by this caller's own --deadline
         self.unchanged = False      # --log-changes-only: same verdict as last time
@@ -386,9 +389,9 @@ class Attempt(object):
         self.stages = []            # dicts: name, status, duration_ms, reason
         self.current = None         # the Stage under way, if any
         self.model = (opts.model or [None])[0]     # the first model, once chosen
-        self.models = []            # dicts, one per model checked (choose_models)
+        self.models = []            # Model records, one per model checked
         self.vram_pct = None        # share of the first model in VRAM after warm-up
-        self.notes = []             # facts for a ready verdict
+        self.ready_notes = []       # facts added to a ready verdict's reason
         self.api = opts.api         # ollama or openai (auto: once detected)
         self.code, self.stage, self.reason = None, None, ""    # the verdict, set once
         self.busy = False           # the verdict's 75 says the GPU is in use, not broken
@@ -491,7 +494,7 @@ class Attempt(object):
     def job_failed(self, code, why):
         """The job did not start after a ready verdict: that is the verdict, and news."""
         with self._lock:
-            self.code, self.stage, self.reason, self.notes = code, "command", why, []
+            self.code, self.stage, self.reason, self.ready_notes = code, "command", why, []
             self.unchanged = False
 
     def deadline_s(self):
@@ -640,7 +643,7 @@ def check_service(run, client):
             with run.step("loaded", optional=True) as budget:
                 running = running_models(run, client, budget)
         except Fail as exc:
-            run.notes.append("loaded models unknown (%s)" % exc.reason)
+            run.ready_notes.append("loaded models unknown (%s)" % exc.reason)
         if not opts.model:          # one already loaded, else the first local one listed
             loaded = [find_model(_name(m), [_name(e) for e in listed]) for m in running or ()]
             first = [e for e in listed if not is_cloud(_name(e), e)] or listed
@@ -675,7 +678,7 @@ def check_service(run, client):
         with run.step("placement") as budget:   # a reload may land elsewhere
             running = running_models(run, client, budget)
             if running is None:
-                run.notes.append("GPU placement not verified")
+                run.ready_notes.append("GPU placement not verified")
             else:
                 check_placement(run, running)
         check_vram_held(run)
@@ -776,7 +779,7 @@ def judge_cloud(run):
                    "local model, or pass --allow-cloud to accept %s" % ((named,) + said),
                    "tags")
     if cloud:
-        run.notes.append("%s ran on ollama.com (Ollama cloud), not on this GPU" % named)
+        run.ready_notes.append("%s ran on ollama.com (Ollama cloud), not on this GPU" % named)
 
 
 def local_models(run):
@@ -821,7 +824,7 @@ def ollama_kinds(run, client):
                         about=model.name), "POST /api/show")
             except Fail as exc:     # a --require on this model cannot be judged
                 model.unreadable = exc
-                run.notes.append("capabilities of %s unknown (%s)" % (model.name,
+                run.ready_notes.append("capabilities of %s unknown (%s)" % (model.name,
                                                                       exc.reason))
         if caps is not None:        # "embedding" alone: an embedding model
             model.capabilities = caps
@@ -948,7 +951,7 @@ def judge_load(run, model, load_ns, options):
     when the model was loaded before (the warm-up reloaded the job's runner)."""
     if not load_ns or load_ns <= 1e9:
         return
-    run.notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model.name))
+    run.ready_notes.append("model loaded in %.1fs (%s)" % (load_ns / 1e9, model.name))
     if model.was_loaded:
         run.problems.append(reload_problem(model.name, load_ns / 1e9,
                                            model.context_length, options.get("num_ctx")))
@@ -1062,8 +1065,8 @@ def running_models(run, client, budget):
         if exc.status != 404:
             raise
         note = "server has no /api/ps (Ollama before 0.1.38?)"
-        if note not in run.notes:
-            run.notes.append(note)
+        if note not in run.ready_notes:
+            run.ready_notes.append(note)
         return None
 
 
@@ -1106,7 +1109,7 @@ def check_placement(run, running):
                                                  for key in ("size", "size_vram"))
     gone = [m for m in models if not m.resident]
     if gone and len(gone) == len(models):
-        run.notes.append("%s not resident after the warm-up (server keep-alive 0?), "
+        run.ready_notes.append("%s not resident after the warm-up (server keep-alive 0?), "
                          "GPU placement not verified" % ("model" if len(run.models) == 1
                                                          else ", ".join(m.name for m in gone)))
         return
@@ -1116,7 +1119,7 @@ def check_placement(run, running):
     for model in models:
         size, vram = model.size, model.size_vram
         if not size or vram is None:
-            run.notes.append("GPU placement of %s not reported by the server"
+            run.ready_notes.append("GPU placement of %s not reported by the server"
                              % model.name)
             continue
         pct = min(100, int(round(100.0 * vram / size)))
@@ -1132,7 +1135,7 @@ def check_placement(run, running):
                        "more free memory; free it, or use a smaller model or num_ctx" % (
                            model.name, min(pct, 100 * vram // size), least), busy=True)
         if 0 < vram < size:
-            run.notes.append("partial offload: %d%% of %s in VRAM" % (pct, model.name))
+            run.ready_notes.append("partial offload: %d%% of %s in VRAM" % (pct, model.name))
 
 
 def on_the_cpu(run, name, need):
@@ -1178,7 +1181,7 @@ def check_vram_held(run):
             url_host(run.opts.host)):
         return
     if run.gpu["backend"] != "nvml":
-        run.notes.append("VRAM use not cross-checked (%s reports no memory per process)"
+        run.ready_notes.append("VRAM use not cross-checked (%s reports no memory per process)"
                          % run.gpu["backend"])
         return
     after = None
@@ -1188,7 +1191,7 @@ def check_vram_held(run):
             return
     held = vram_held(run, after, all(m.was_loaded is False for m in local))
     if held is None:
-        run.notes.append("VRAM use not cross-checked (NVML's per-process figures are "
+        run.ready_notes.append("VRAM use not cross-checked (NVML's per-process figures are "
                          "unusable here, and the warm-up did not load every model)")
     elif held * 2 < claimed:
         raise Fail(EX_UNAVAILABLE, "Ollama reports %d MiB in VRAM but the GPU holds %s: it "
@@ -1202,7 +1205,7 @@ def gpus_again(run):
     the verdict, so the re-read never cuts a ready run)."""
     room = run.deadline_at - time.monotonic() - 1.0
     if room <= 0:
-        run.notes.append("VRAM use not cross-checked (no time left to read the GPU "
+        run.ready_notes.append("VRAM use not cross-checked (no time left to read the GPU "
                          "again before the deadline)")
         return None
     try:
@@ -1210,7 +1213,7 @@ def gpus_again(run):
                       what="the GPU probe") as budget:
             doc = probe_nvml(run, time.monotonic() + budget)
     except Fail as exc:
-        run.notes.append("VRAM use not cross-checked (%s)" % exc.reason)
+        run.ready_notes.append("VRAM use not cross-checked (%s)" % exc.reason)
         return None
     return doc["gpus"] if isinstance(doc, dict) else []
 
@@ -1394,7 +1397,7 @@ def check_openai(run, client):
                       for m in run.models]      # empty: no longer listed
             unknown = [m.name for m, s in zip(run.models, states) if s == {None}]
             if unknown:
-                run.notes.append("load state of %s not reported" % ", ".join(unknown))
+                run.ready_notes.append("load state of %s not reported" % ", ".join(unknown))
             unloaded(run, [m for m, s in zip(run.models, states) if not s & {"loaded", None}],
                      "llama-server's --models-max too low: raise it")
     check_context(run)
@@ -1411,7 +1414,7 @@ def check_health(run, client, path):
             body = client.call("GET", path, budget)
         except Fail as exc:
             if exc.status == 404 and path == "/health":  # Ollama's /v1, some proxies
-                run.notes.append("server has no /health")
+                run.ready_notes.append("server has no /health")
             elif exc.status == 404:
                 raise Fail(EX_CONFIG, "GET %s: 404: no such path here: check "
                            "--health-path" % sanitise(path))
@@ -1427,7 +1430,7 @@ def check_health(run, client, path):
         doc = None
     # LiteLLM's /health calls every model (docs.litellm.ai/docs/proxy/health).
     if isinstance(doc, dict) and "healthy_endpoints" in doc:
-        run.notes.append("LiteLLM's /health calls the models: use --health-path "
+        run.ready_notes.append("LiteLLM's /health calls the models: use --health-path "
                          "/health/readiness")
 
 
@@ -1841,7 +1844,7 @@ def check_gpu(run):
         selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
         for gpu in gpus:
             gpu["selected"] = gpu in selected
-        run.notes.extend(notes)
+        run.ready_notes.extend(notes)
         if unmatched:               # a lost GPU without a UUID may be the one
             lost = [g for g in gpus if g["error"] and not g["uuid"] and (
                 g["index"] is None or not all(is_digits(w) for w in unmatched))]
@@ -1867,7 +1870,7 @@ def judge_gpu_stage(run, gpus, selected, cuda):
     if cuda and not cuda_failed:    # CUDA starts on every GPU: see fabric_doubts()
         run.problems.extend(fabric_doubts(gpus))
     code, reason, notes = judge_gpus(selected, run.opts)
-    run.notes.extend(notes)
+    run.ready_notes.extend(notes)
     if code == EX_UNAVAILABLE or (code and not cuda_failed):
         # A fabric that never finishes is a fault, not a busy GPU: it escalates.
         raise Fail(code, reason, busy=code == EX_TEMPFAIL and not any(
@@ -2846,7 +2849,7 @@ def keep_state(run, shared):
     if shared is not None:
         before = shared.previous
         if run.code == EX_OK and before.get("skips") and not run.reused:
-            run.notes.append("recovered after %d skips" % before["skips"])
+            run.ready_notes.append("recovered after %d skips" % before["skips"])
         shared.escalate(run)
         run.unchanged = bool(opts.log_changes_only) and shared.unchanged(run)
         try:
@@ -3168,7 +3171,7 @@ def emit(name, text):
 
 
 def verdict_reason(run):
-    return "; ".join([run.reason] + (run.notes if run.code == EX_OK else []))
+    return "; ".join([run.reason] + (run.ready_notes if run.code == EX_OK else []))
 
 
 #: One fact of the verdict: its key in the log line and in --json (None: not

@@ -655,10 +655,10 @@ class VramJudgeTest(unittest.TestCase):
         """After a load with under 1 s left before the deadline the GPU is not
         read again (a note): the re-read never cuts a ready verdict."""
         run = self.run_of()
-        run.opts.gpu_timeout, run.notes, run.cut = 5.0, [], False
+        run.opts.gpu_timeout, run.ready_notes, run.cut = 5.0, [], False
         run.deadline_at = gp.time.monotonic() + 0.5
         self.assertIsNone(gp.gpus_again(run))
-        self.assertIn("no time left to read the GPU again", run.notes[0])
+        self.assertIn("no time left to read the GPU again", run.ready_notes[0])
         self.assertFalse(run.cut)
 
     def test_runners_are_named_by_their_comm(self):
