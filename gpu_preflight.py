@@ -1164,8 +1164,8 @@ def local_gpus(run, key, gpus=None):
     counts them), when --gpu measured them on the server's host; else None."""
     if not run.gpu or not is_loopback(url_host(run.opts.host)):
         return None
-    values = [g[key] for g in (run.gpu["gpus"] if gpus is None else gpus)
-              if not g["parent"]]
+    values = [getattr(g, key) for g in (run.gpu["gpus"] if gpus is None else gpus)
+              if not g.parent]
     return None if not values or None in values else sum(values)
 
 
@@ -1843,11 +1843,11 @@ def check_gpu(run):
             raise Fail(EX_UNAVAILABLE, short + unseen_gpus(gpus, nvidia_pci_devices(), name))
         selected, unmatched, notes = select_gpus(gpus, opts.gpu_id, os.environ)
         for gpu in gpus:
-            gpu["selected"] = gpu in selected
+            gpu.selected = gpu in selected
         run.ready_notes.extend(notes)
         if unmatched:               # a lost GPU without a UUID may be the one
-            lost = [g for g in gpus if g["error"] and not g["uuid"] and (
-                g["index"] is None or not all(is_digits(w) for w in unmatched))]
+            lost = [g for g in gpus if g.error and not g.uuid and (
+                g.index is None or not all(is_digits(w) for w in unmatched))]
             source = "--gpu-id"
             if not opts.gpu_id:
                 source = "CUDA_VISIBLE_DEVICES/NVIDIA_VISIBLE_DEVICES"
@@ -1855,7 +1855,7 @@ def check_gpu(run):
                 ",".join(unmatched), source, ", ".join(gpu_label(g) for g in gpus))
             if lost:
                 raise Fail(EX_UNAVAILABLE, "%s; %s: %s" % (reason, gpu_label(lost[0]),
-                                                          lost[0]["error"]))
+                                                          lost[0].error))
             raise Fail(EX_CONFIG, reason)
         if not selected:
             raise Fail(EX_CONFIG, "no GPU this user may open: %s" % "; ".join(notes))
@@ -1874,7 +1874,7 @@ def judge_gpu_stage(run, gpus, selected, cuda):
     if code == EX_UNAVAILABLE or (code and not cuda_failed):
         # A fabric that never finishes is a fault, not a busy GPU: it escalates.
         raise Fail(code, reason, busy=code == EX_TEMPFAIL and not any(
-            g.get("pending") for g in selected))
+            g.pending for g in selected))
     if cuda_failed:
         raise Fail(*cuda_failed)
 
@@ -1941,7 +1941,7 @@ def nvidia_pci_devices():
 def too_few_gpus(gpus, expected):
     """The reason when the driver sees fewer whole GPUs than --expect-gpus,
     counted before --gpu-id or CUDA_VISIBLE_DEVICES select any; else None."""
-    seen = len([g for g in gpus if not g["parent"]])
+    seen = len([g for g in gpus if not g.parent])
     if expected is None or seen >= expected:
         return None
     return "%d of %d GPUs visible (--expect-gpus)" % (seen, expected)
@@ -1956,7 +1956,7 @@ def unseen_gpus(gpus, present, backend):
     (sysfs's NVIDIA GPUs) that none of the backend's whole GPUs has; "" when
     there are none, or when one of them has no bus id (a GPU whose handle
     failed may be any of them; AMD's records have none)."""
-    known = [pci_address(g["pci"]) for g in gpus if not g["parent"]]
+    known = [pci_address(g.pci) for g in gpus if not g.parent]
     if None in known:
         return ""
     unseen = ["%04x:%02x:%02x.%x" % a for a in sorted(set(map(pci_address, present))
@@ -1979,12 +1979,12 @@ def pci_address(text):
 
 def gpu_label(gpu):
     """'GPU 1 (GPU-bbbbbbbb)', 'MIG device MIG-aaaaaaaa of GPU 0', for reasons."""
-    uuid = (gpu["uuid"] or "")[:12]
-    if gpu["parent"]:
-        return "MIG device %s of GPU %s" % (uuid, gpu["index"])
-    if gpu["index"] is None:
-        return gpu["name"] or "a GPU"
-    return "GPU %s%s" % (gpu["index"], " (%s)" % uuid if uuid else "")
+    uuid = (gpu.uuid or "")[:12]
+    if gpu.parent:
+        return "MIG device %s of GPU %s" % (uuid, gpu.index)
+    if gpu.index is None:
+        return gpu.name or "a GPU"
+    return "GPU %s%s" % (gpu.index, " (%s)" % uuid if uuid else "")
 
 
 def select_gpus(gpus, ids, environ):
@@ -2004,16 +2004,16 @@ def select_gpus(gpus, ids, environ):
             notes = ["%s lists indexes, which need not be NVML's order: every GPU "
                      "checked" % var]
     if not ids:
-        shut = [g for g in gpus if not g["access"]]
-        notes += ["%s: %s, not checked" % (gpu_label(g), g["error"]) for g in shut]
-        return [g for g in gpus if g["access"] and not g["parent"]], [], notes
+        shut = [g for g in gpus if not g.access]
+        notes += ["%s: %s, not checked" % (gpu_label(g), g.error) for g in shut]
+        return [g for g in gpus if g.access and not g.parent], [], notes
 
     def matches(gpu, wanted):
         if is_digits(wanted):
-            return gpu["index"] == int(wanted) and not gpu["parent"]
+            return gpu.index == int(wanted) and not gpu.parent
         if wanted.upper().startswith("MIG-GPU-"):       # MIG-GPU-<uuid>/gi/ci
             wanted = wanted[4:].split("/")[0]
-        return (gpu["uuid"] or "").lower().startswith(wanted.lower())
+        return (gpu.uuid or "").lower().startswith(wanted.lower())
 
     selected = [g for g in gpus if any(matches(g, w) for w in ids)]
     unmatched = [w for w in ids if not any(matches(g, w) for g in gpus)]
@@ -2022,17 +2022,17 @@ def select_gpus(gpus, ids, environ):
 
 def gpu_problems(gpu, opts):
     """(hard, soft, unknown) problems of one GPU against the thresholds."""
-    hard = [text for text in (gpu.get("error"), gpu.get("health"), gpu.get("fabric")) if text]
+    hard = [text for text in (gpu.error, gpu.health, gpu.fabric) if text]
     soft, unknown = [], []
-    if gpu.get("pending") and not hard:     # a fabric not registered yet
-        soft.append(gpu["pending"])
+    if gpu.pending and not hard:     # a fabric not registered yet
+        soft.append(gpu.pending)
     for option, key, unit, at_least in GPU_LIMITS:
         limit = getattr(opts, option)
         if limit is None or hard:
             continue
-        value = gpu.get(key)
+        value = getattr(gpu, key)
         if value is None:
-            unknown.append("%s unknown%s" % (key, " (MIG)" if gpu.get("mig") else ""))
+            unknown.append("%s unknown%s" % (key, " (MIG)" if gpu.mig else ""))
         elif (value < limit) if at_least else (value > limit):
             soft.append("%d%s, limit %d (--%s)" % (value, unit, limit,
                                                    option.replace("_", "-")))
@@ -2046,10 +2046,10 @@ def judge_gpus(gpus, opts):
         hard, soft, unknown = gpu_problems(gpu, opts)
         if opts.strict_gpu:
             soft, unknown = soft + [u + " (--strict-gpu)" for u in unknown], []
-        gpu["fit"] = not hard and not soft
+        gpu.fit = not hard and not soft
         verdicts.append((gpu, hard, soft, unknown))
-    fit = [v for v in verdicts if v[0]["fit"]]
-    unfit = [v for v in verdicts if not v[0]["fit"]]
+    fit = [v for v in verdicts if v[0].fit]
+    unfit = [v for v in verdicts if not v[0].fit]
     notes = ["%s: %s" % (gpu_label(g), ", ".join(u)) for g, _, _, u in verdicts if u]
     if fit and (opts.gpu_need == "any" or not unfit):
         notes += ["%s not fit: %s" % (gpu_label(g), "; ".join(h + s))
@@ -2064,13 +2064,39 @@ def judge_gpus(gpus, opts):
                            for g, h, s, _ in shown), notes
 
 
-def gpu_record(index, uuid, name, total=None, free=None, util=None, procs=None,
-               temp=None, error=None, pci=None):
-    """One GPU as every backend reports it; None is "cannot be read"."""
-    return {"index": index, "uuid": uuid, "name": name, "pci": pci, "total_mib": total,
-            "free_mib": free, "util_pct": util, "procs": procs, "proc_mib": None,
-            "runner_mib": None, "temp_c": temp, "mig": None, "parent": None, "access": True,
-            "error": error, "health": None, "fabric": None, "pending": None}
+class Gpu(object):
+    """One GPU or MIG device as every backend reports it: its figures and the
+    driver's word on it (None: cannot be read), then what the GPU stage
+    decides of it (selected, fit), which are not set until the stage does.
+    The --json "gpu" object's "gpus" list shows the fields set."""
+
+    __slots__ = ("index", "uuid", "name", "pci", "total_mib", "free_mib", "util_pct",
+                 "procs", "proc_mib", "runner_mib", "temp_c", "mig", "parent", "access",
+                 "error", "health", "fabric", "pending", "selected", "fit")
+
+    def __init__(self, index, uuid, name, total=None, free=None, util=None, procs=None,
+                 temp=None, error=None, pci=None):
+        self.index, self.uuid, self.name, self.pci = index, uuid, name, pci
+        self.total_mib, self.free_mib, self.util_pct, self.procs = total, free, util, procs
+        self.proc_mib = self.runner_mib = self.mig = self.parent = None
+        self.temp_c, self.access, self.error = temp, True, error
+        self.health = self.fabric = self.pending = None
+
+    def as_dict(self):
+        """The fields set, by name (a probe's output, the --json "gpus" list)."""
+        return dict((key, getattr(self, key)) for key in self.__slots__ if hasattr(self, key))
+
+    @classmethod
+    def from_dict(cls, doc):
+        """The record as_dict() gave (a probe child's output); other keys are dropped."""
+        gpu = cls(doc.get("index"), doc.get("uuid"), doc.get("name"))
+        for key in cls.__slots__:
+            if key in doc:
+                setattr(gpu, key, doc[key])
+        return gpu
+
+    def __eq__(self, other):    # as the dicts were: `gpu in selected` compares fields
+        return self.as_dict() == other.as_dict() if isinstance(other, Gpu) else NotImplemented
 
 
 #: The most a GPU probe may print (bytes), and the most its exit is awaited
@@ -2099,7 +2125,7 @@ def spawn(run, child=None, argv=None, env=None):
             os.closerange(wfd + 1, min(os.sysconf("SC_OPEN_MAX"), 1 << 20))
             if argv:
                 os.execve(argv[0], argv, env)
-            data = json.dumps(child()).encode("utf-8")
+            data = json.dumps(child(), default=Gpu.as_dict).encode("utf-8")
             while data:
                 data = data[os.write(wfd, data):]
             status = 0
@@ -2156,7 +2182,8 @@ def kill_probes(run):
 
 
 def forked(run, child, ends_at, what):
-    """The JSON object a forked probe child() returned; Fail (69) when it died."""
+    """The JSON object a forked probe child() returned, its "gpus" Gpu records
+    again; Fail (69) when it died."""
     pid, rfd = spawn(run, child)
     out, status = collect(run, pid, rfd, ends_at, what)
     try:
@@ -2166,6 +2193,8 @@ def forked(run, child, ends_at, what):
     if not isinstance(doc, dict):
         raise Fail(EX_UNAVAILABLE, "%s probe died (%s)" % (
             what, "signal %d" % -status if status and status < 0 else "exit %s" % status))
+    if "gpus" in doc:
+        doc["gpus"] = [Gpu.from_dict(gpu) for gpu in doc["gpus"]]
     return doc
 
 
@@ -2344,9 +2373,9 @@ def judge_cuda(state, gpus):
         return (EX_UNAVAILABLE, "CUDA cannot start: error %d (%s): reload the driver's "
                 "unified memory module (rmmod nvidia_uvm && modprobe nvidia_uvm) or "
                 "reboot" % (code, sanitise(state.get("text")) or "unknown"))
-    whole = [g for g in gpus if not g.get("parent")]
+    whole = [g for g in gpus if not g.parent]
     if state.get("count") in (None, len(whole)) or any(   # lost or closed: NVML says why
-            g.get("mig") or g.get("error") or g.get("access") is False for g in whole):
+            g.mig or g.error or g.access is False for g in whole):
         return None         # MIG: CUDA enumerates instances, not GPUs
     return (EX_UNAVAILABLE, "CUDA sees %s GPUs, NVML %d: a GPU failed to initialise "
             "for CUDA" % (state["count"], len(whole)))
@@ -2419,19 +2448,19 @@ class Nvml(object):
         c, handle = self.c, self.c.c_void_p()
         code = self.call("nvmlDeviceGetHandleByIndex_v2", c.c_uint(index), c.byref(handle))
         if code:
-            gpu = gpu_record(index, None, None, error=self.error(code))
-            gpu["access"] = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
+            gpu = Gpu(index, None, None, error=self.error(code))
+            gpu.access = code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM)
             return [gpu]
-        gpu = gpu_record(index, self.text("nvmlDeviceGetUUID", handle),
-                         self.text("nvmlDeviceGetName", handle), pci=self.pci(handle))
+        gpu = Gpu(index, self.text("nvmlDeviceGetUUID", handle),
+                  self.text("nvmlDeviceGetName", handle), pci=self.pci(handle))
         self.measure(handle, gpu)
-        if gpu["error"]:
+        if gpu.error:
             return [gpu]
         util = (c.c_uint * 2)()
         if self.call("nvmlDeviceGetUtilizationRates", handle, c.byref(util)) == 0:
-            gpu["util_pct"] = util[0]
-        gpu["temp_c"] = self.uint("nvmlDeviceGetTemperature", handle,
-                                  c.c_int(NVML_TEMPERATURE_GPU))
+            gpu.util_pct = util[0]
+        gpu.temp_c = self.uint("nvmlDeviceGetTemperature", handle,
+                               c.c_int(NVML_TEMPERATURE_GPU))
         self.health(handle, gpu)
         return [gpu] + self.mig_devices(handle, gpu)
 
@@ -2446,16 +2475,16 @@ class Nvml(object):
         """The MIG devices of a GPU in MIG mode, each judged by its own figures."""
         c, mode, pending = self.c, self.c.c_uint(0), self.c.c_uint(0)
         if self.call("nvmlDeviceGetMigMode", handle, c.byref(mode), c.byref(pending)) == 0:
-            gpu["mig"] = mode.value == NVML_DEVICE_MIG_ENABLE
+            gpu.mig = mode.value == NVML_DEVICE_MIG_ENABLE
         found = []
         for slot in range(self.uint("nvmlDeviceGetMaxMigDeviceCount", handle) or 0
-                          if gpu["mig"] else 0):
+                          if gpu.mig else 0):
             child = c.c_void_p()
             if self.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, c.c_uint(slot),
                          c.byref(child)) == 0:
-                mig = gpu_record(gpu["index"], self.text("nvmlDeviceGetUUID", child),
-                                 self.text("nvmlDeviceGetName", child))
-                mig["parent"] = gpu["uuid"]
+                mig = Gpu(gpu.index, self.text("nvmlDeviceGetUUID", child),
+                          self.text("nvmlDeviceGetName", child))
+                mig.parent = gpu.uuid
                 self.measure(child, mig)
                 found.append(mig)
         return found
@@ -2469,9 +2498,9 @@ class Nvml(object):
             mem = structs.Memory()
             code = self.call("nvmlDeviceGetMemoryInfo", handle, c.byref(mem))
         if code == NVML_GPU_IS_LOST:
-            gpu["error"] = self.error(code)
+            gpu.error = self.error(code)
         elif code == 0:
-            gpu["total_mib"], gpu["free_mib"] = mem.total >> 20, mem.free >> 20
+            gpu.total_mib, gpu.free_mib = mem.total >> 20, mem.free >> 20
         for function, kind in (("nvmlDeviceGetComputeRunningProcesses_v3", structs.ProcessV2),
                                ("nvmlDeviceGetComputeRunningProcesses_v2", structs.ProcessV2),
                                ("nvmlDeviceGetComputeRunningProcesses", structs.Process)):
@@ -2484,10 +2513,10 @@ class Nvml(object):
             if code != NVML_FUNCTION_NOT_FOUND:
                 used = [rows[i].usedGpuMemory for i in range(number.value)] if code == 0 \
                     else [None]
-                gpu["procs"] = number.value if code == 0 else None
-                gpu["proc_mib"] = None if None in used or NVML_VALUE_NOT_AVAILABLE % 2 ** 64 \
+                gpu.procs = number.value if code == 0 else None
+                gpu.proc_mib = None if None in used or NVML_VALUE_NOT_AVAILABLE % 2 ** 64 \
                     in used else sum(used) >> 20
-                gpu["runner_mib"] = None if gpu["proc_mib"] is None else runner_mib(
+                gpu.runner_mib = None if gpu.proc_mib is None else runner_mib(
                     [rows[i].pid for i in range(number.value)], used)
                 return
 
@@ -2497,7 +2526,7 @@ class Nvml(object):
         c, rows = self.c, [self.c.c_uint(0) for _ in range(4)]
         ecc = c.c_ulonglong(0)
         remapped = self.call("nvmlDeviceGetRemappedRows", handle, *map(c.byref, rows)) == 0
-        gpu["health"] = nvml_health(
+        gpu.health = nvml_health(
             rows[2].value if remapped else None,        # pending
             rows[3].value if remapped else None,        # failed
             self.uint("nvmlDeviceGetRetiredPagesPendingStatus", handle),
@@ -2513,10 +2542,10 @@ class Nvml(object):
             status = self.call("nvmlDeviceGetGpuFabricInfoV", handle, c.byref(fabric))
         known = code == 0 and field.nvmlReturn == 0 and field.valueType in NVML_VALUE_TYPES
         failed = status == 0 and fabric.status not in (0, NVML_NOT_SUPPORTED)
-        asked, gpu["fabric"], gpu["pending"] = driver_health(
+        asked, gpu.fabric, gpu.pending = driver_health(
             field.value if known else None, fabric.state if status == 0 else None,
-            self.error(fabric.status) if failed else None, gpu["index"])
-        gpu["health"] = gpu["health"] or asked
+            self.error(fabric.status) if failed else None, gpu.index)
+        gpu.health = gpu.health or asked
 
 
 #: /proc/PID/comm of Ollama's model runners: llama-server (GGUF models, 0.30.0
@@ -2606,10 +2635,10 @@ def fabric_doubts(gpus):
     torchcomms#936), so only NVLink between GPUs is in doubt, not the GPU."""
     said = []
     for gpu in gpus:
-        if gpu.get("fabric"):
+        if gpu.fabric:
             said.append("%s: %s, but CUDA starts on every GPU: only NVLink between GPUs "
-                        "may be down" % (gpu_label(gpu), gpu["fabric"]))
-            gpu["fabric"] = None
+                        "may be down" % (gpu_label(gpu), gpu.fabric))
+            gpu.fabric = None
     return said
 
 
@@ -2651,7 +2680,7 @@ def probe_smi(run, ends_at):
     if status in (NVML_LIBRARY_NOT_FOUND, 127):
         return "nvidia-smi: %s (exit %d)" % (said, status)
     gpus, lost = parse_smi_csv(text)
-    gpus += [gpu_record(index, None, "PCI " + bus, error=sanitise(why), pci=bus)
+    gpus += [Gpu(index, None, "PCI " + bus, error=sanitise(why), pci=bus)
              for index, bus, why in lost]
     if status not in (0, None) and not lost:    # a GPU failed, and which is unknown
         raise Fail(EX_UNAVAILABLE, "nvidia-smi failed (exit %d): %s" % (status, sanitise(
@@ -2661,13 +2690,13 @@ def probe_smi(run, ends_at):
     if status in (0, NVML_GPU_IS_LOST):    # 15: one GPU lost, the others listed
         counts = parse_smi_apps(apps)
         for gpu in gpus:
-            if gpu["uuid"]:
-                gpu["procs"] = counts.get(gpu["uuid"], 0)
+            if gpu.uuid:
+                gpu.procs = counts.get(gpu.uuid, 0)
     return {"driver": None, "library": path, "gpus": gpus}
 
 
 def parse_smi_csv(text):
-    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (GPU dicts, lost GPUs as (index
+    """nvidia-smi --query-gpu=SMI_FIELDS CSV -> (Gpu records, lost GPUs as (index
     or None, bus id, why)). [N/A], [Not Supported] are None, never 0; lines of
     another field count are the tool's messages, skipped, except "Unable to
     determine the device handle for GPU <bus>: ..."."""
@@ -2683,7 +2712,7 @@ def parse_smi_csv(text):
             continue
         value = dict(zip(SMI_FIELDS, fields))
         number = lambda key: figure(value[key])
-        gpus.append(gpu_record(
+        gpus.append(Gpu(
             number("index"), value["uuid"], value["name"], pci=value["pci.bus_id"],
             total=number("memory.total"), free=number("memory.free"),
             util=number("utilization.gpu"), temp=number("temperature.gpu")))
@@ -2740,7 +2769,7 @@ def amd_snapshot(root):
         temps = [number(read(hwmon, h, "temp1_input")) for h in
                  (sorted(os.listdir(hwmon)) if os.path.isdir(hwmon) else ())]
         temps = [t // 1000 for t in temps if t is not None]
-        gpus.append(gpu_record(
+        gpus.append(Gpu(
             int(card[4:]), read(dev, "unique_id") or None,
             read(dev, "product_name") or "AMD GPU %s" % card, total=total,
             free=max(total - used, 0) if total is not None and used is not None else None,
@@ -3137,7 +3166,7 @@ def report(run):
                               wait())
     if opts.json:
         doc = dict((f.json_key, f.value) for f in facts if f.json_key)
-        emit("stdout", hide(json.dumps(doc, sort_keys=True)) + "\n")
+        emit("stdout", hide(json.dumps(doc, sort_keys=True, default=Gpu.as_dict)) + "\n")
     if opts.quiet:
         return
     if opts.verbose:
@@ -3229,10 +3258,11 @@ def verdict_facts(run, elapsed_ms):
 def gpu_summary(gpu):
     """One GPU's figures for the log line; '-' where it cannot say."""
     keys = ("index", "uuid", "free_mib", "total_mib", "util_pct", "procs", "temp_c")
-    text = " ".join("%s=%s" % (k, "-" if gpu[k] is None else gpu[k]) for k in keys)
-    problem = gpu["error"] or gpu["health"] or gpu.get("fabric") or gpu.get("pending")
+    figures = ((k, getattr(gpu, k)) for k in keys)
+    text = " ".join("%s=%s" % (k, "-" if v is None else v) for k, v in figures)
+    problem = gpu.error or gpu.health or gpu.fabric or gpu.pending
     return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
-                             gpu["name"] or "-")
+                             gpu.name or "-")
 
 
 def stage_totals(run):

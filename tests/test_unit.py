@@ -1,5 +1,6 @@
 """Unit tests of gpu_preflight's pure parts, imported in-process."""
 
+import json
 import os
 import re
 import shutil
@@ -427,7 +428,7 @@ class GpuParseTest(unittest.TestCase):
 
     def test_smi_csv_keeps_unknown_apart_from_zero(self):
         gpus, lost = gp.parse_smi_csv(self.CSV)
-        self.assertEqual([(g["index"], g["uuid"], g["free_mib"], g["util_pct"], g["temp_c"])
+        self.assertEqual([(g.index, g.uuid, g.free_mib, g.util_pct, g.temp_c)
                           for g in gpus],
                          [(0, "GPU-aaaa", 143229, None, 29), (2, "GPU-cccc", 40829, 97, None)])
         self.assertEqual(lost, [(None, "00000000:62:00.0",
@@ -437,6 +438,25 @@ class GpuParseTest(unittest.TestCase):
             "Reboot the system to recover this GPU\n")
         self.assertEqual(lost, [(1, "0000:62:00.0", "GPU is lost.  Reboot the system to "
                                  "recover this GPU")])
+
+    def test_gpu_record_crosses_json_as_a_probe_child_sends_it(self):
+        """A Gpu record through JSON (a forked probe's output) comes back with
+        the same fields; a key it has no field for is dropped, and a field the
+        GPU stage never set (selected) stays absent."""
+        gpu = gp.Gpu(1, "GPU-b", "x", total=143771, free=900, util=3, procs=1, temp=30,
+                     pci="00000000:62:00.0")
+        gpu.parent, gpu.fit = "GPU-a", False
+        text = json.dumps({"gpus": [gpu]}, default=gp.Gpu.as_dict)
+        self.assertEqual(json.loads(text), {"gpus": [gpu.as_dict()]})
+        back = gp.Gpu.from_dict(dict(json.loads(text)["gpus"][0], surplus=1))
+        self.assertEqual(back.as_dict(), gpu.as_dict())
+        self.assertEqual(back, gpu)
+        self.assertNotIn("surplus", back.as_dict())
+        self.assertFalse(hasattr(back, "selected"))
+        self.assertEqual(sorted(gp.Gpu(0, None, None).as_dict()), sorted(
+            ("index", "uuid", "name", "pci", "total_mib", "free_mib", "util_pct", "procs",
+             "proc_mib", "runner_mib", "temp_c", "mig", "parent", "access", "error",
+             "health", "fabric", "pending")))
 
     def test_smi_apps_counts_per_uuid_and_empty_output(self):
         self.assertEqual(gp.parse_smi_apps("GPU-a, 1\nGPU-a, 2\nGPU-b, 3\n"),
@@ -455,12 +475,12 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual(gp.parse_nvml_lib("/opt/l.so"), "/opt/l.so")
 
     def test_selection(self):
-        gpus = [gp.gpu_record(i, "GPU-" + c, "x") for i, c in enumerate("abc")]
-        gpus.append(gp.gpu_record(2, "MIG-1234", "slice"))
-        gpus[3]["parent"] = gpus[2]["uuid"]
-        gpus.append(gp.gpu_record(3, None, None, error="Insufficient Permissions"))
-        gpus[4]["access"] = False
-        pick = lambda ids, env=None: [g["uuid"] for g in gp.select_gpus(gpus, ids, env or {})[0]]
+        gpus = [gp.Gpu(i, "GPU-" + c, "x") for i, c in enumerate("abc")]
+        gpus.append(gp.Gpu(2, "MIG-1234", "slice"))
+        gpus[3].parent = gpus[2].uuid
+        gpus.append(gp.Gpu(3, None, None, error="Insufficient Permissions"))
+        gpus[4].access = False
+        pick = lambda ids, env=None: [g.uuid for g in gp.select_gpus(gpus, ids, env or {})[0]]
         self.assertEqual(pick(["2", "GPU-a"]), ["GPU-a", "GPU-c"])
         self.assertEqual(pick(["MIG-12"]), ["MIG-1234"])
         self.assertEqual(pick(["MIG-GPU-b/1/0"]), ["GPU-b"])
@@ -477,8 +497,8 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual(gp.select_gpus(gpus, ["7", "0"], {})[1], ["7"])
 
     def test_too_few_gpus_counts_whole_gpus_only(self):
-        gpus = [gp.gpu_record(i, "GPU-%d" % i, "x") for i in range(3)]
-        gpus[2]["parent"] = "GPU-1"     # a MIG device is no GPU of its own
+        gpus = [gp.Gpu(i, "GPU-%d" % i, "x") for i in range(3)]
+        gpus[2].parent = "GPU-1"        # a MIG device is no GPU of its own
         for expected, reason in ((None, None), (1, None), (2, None),
                                  (3, "2 of 3 GPUs visible (--expect-gpus)")):
             self.assertEqual(gp.too_few_gpus(gpus, expected), reason, expected)
@@ -495,11 +515,11 @@ class GpuParseTest(unittest.TestCase):
 
     def test_unseen_gpus_names_sysfs_addresses_the_driver_lacks(self):
         def gpus(*buses):
-            return [gp.gpu_record(i, "GPU-%d" % i, "x", pci=bus) for i, bus in enumerate(buses)]
+            return [gp.Gpu(i, "GPU-%d" % i, "x", pci=bus) for i, bus in enumerate(buses)]
         sysfs = ["0000:%02x:00.0" % bus for bus in range(0x61, 0x69)]
         seven = gpus(*["00000000:%02X:00.0" % bus for bus in range(0x61, 0x68)])
-        mig = gp.gpu_record(0, "MIG-a", "slice")
-        mig["parent"] = "GPU-0"        # no bus id of its own, and no GPU
+        mig = gp.Gpu(0, "MIG-a", "slice")
+        mig.parent = "GPU-0"           # no bus id of its own, and no GPU
         lost = gpus(*["00000000:%02X:00.0" % bus for bus in range(0x61, 0x67)] + [None])
         for name, found, present, backend, want in (
                 ("one missing", seven, sysfs, "nvml", "; not seen by NVML: 0000:68:00.0"),
@@ -519,11 +539,11 @@ class GpuParseTest(unittest.TestCase):
             self.assertEqual(gp.unseen_gpus(found, present, backend), want, name)
 
     def test_verdict_need_all_and_any(self):
-        free = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
-        busy = gp.gpu_record(1, "GPU-b", "x", free=10, util=99, procs=2, temp=30)
-        lost = gp.gpu_record(2, None, "x", error="GPU is lost")
-        mig = gp.gpu_record(3, "GPU-d", "x", free=900, util=None)
-        mig["mig"] = True
+        free = gp.Gpu(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
+        busy = gp.Gpu(1, "GPU-b", "x", free=10, util=99, procs=2, temp=30)
+        lost = gp.Gpu(2, None, "x", error="GPU is lost")
+        mig = gp.Gpu(3, "GPU-d", "x", free=900, util=None)
+        mig.mig = True
         judge = lambda gpus, **kw: gp.judge_gpus(gpus, self.opts(**kw))[:2]
         self.assertEqual(judge([free, busy], max_util=50)[0], 75)
         self.assertEqual(judge([free, busy], max_util=50, gpu_need="any")[0], 0)
@@ -555,8 +575,8 @@ class GpuParseTest(unittest.TestCase):
         self.assertEqual(gp.nvml_health(0, 0, 0, 7), "7 uncorrectable ECC errors since "
                          "the driver loaded: the GPU needs a reset")
         # a GPU with a health problem is unfit whatever its figures, and not busy but broken
-        sick = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
-        sick["health"] = gp.nvml_health(0, 0, 1, 0)
+        sick = gp.Gpu(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
+        sick.health = gp.nvml_health(0, 0, 1, 0)
         self.assertEqual(gp.judge_gpus([sick], self.opts())[:2],
                          (69, "GPU 0 (GPU-a): retired pages pending: the GPU needs a reset"))
 
@@ -589,18 +609,18 @@ class GpuParseTest(unittest.TestCase):
             with self.subTest(args=args):
                 self.assertEqual(gp.driver_health(*args), want)
         # where CUDA starts on every GPU, a failed registration is a problem note
-        gpu = gp.gpu_record(0, "GPU-a", "x")
-        gpu["fabric"] = failed
-        self.assertEqual(gp.fabric_doubts([gpu, gp.gpu_record(1, "GPU-b", "x")]), [
+        gpu = gp.Gpu(0, "GPU-a", "x")
+        gpu.fabric = failed
+        self.assertEqual(gp.fabric_doubts([gpu, gp.Gpu(1, "GPU-b", "x")]), [
             "GPU 0 (GPU-a): %s, but CUDA starts on every GPU: only NVLink between GPUs "
             "may be down" % failed])
-        self.assertIsNone(gpu["fabric"])
+        self.assertIsNone(gpu.fabric)
         # pending is a reason to wait (75), not a broken GPU; hard outranks it
-        waiting = gp.gpu_record(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
-        waiting["pending"] = fabric % "in progress"
+        waiting = gp.Gpu(0, "GPU-a", "x", free=900, util=0, procs=0, temp=30)
+        waiting.pending = fabric % "in progress"
         self.assertEqual(gp.judge_gpus([waiting], self.opts())[:2],
                          (75, "GPU 0 (GPU-a): " + fabric % "in progress"))
-        waiting["health"] = "node reboot required"
+        waiting.health = "node reboot required"
         self.assertEqual(gp.judge_gpus([waiting], self.opts())[:2],
                          (69, "GPU 0 (GPU-a): node reboot required"))
 
@@ -610,10 +630,13 @@ class VramJudgeTest(unittest.TestCase):
     size_vram 0 by the free memory, a VRAM claim by what the GPUs hold."""
 
     def run_of(self, host="http://127.0.0.1:11434", **figures):
-        gpu = gp.gpu_record(0, "GPU-a", "H200", total=143771)
-        gpu.update(figures)
+        gpu = self.changed(gp.Gpu(0, "GPU-a", "H200", total=143771), **figures)
         return type("Run", (), dict(opts=type("Opts", (), dict(host=host)),
                                     gpu={"backend": "nvml", "gpus": [gpu]}))
+
+    def changed(self, gpu, **figures):
+        """A copy of the Gpu record gpu with figures set."""
+        return gp.Gpu.from_dict(dict(gpu.as_dict(), **figures))
 
     def test_size_vram_0_by_the_free_memory_of_the_servers_gpus(self):
         for figures, host, code, text in (
@@ -639,16 +662,16 @@ class VramJudgeTest(unittest.TestCase):
         reserve), which made a CPU run on a busy GPU look held."""
         run = self.run_of(free_mib=40000, proc_mib=102400, runner_mib=0)
         self.assertEqual(gp.vram_held(run), 0)
-        again = [dict(run.gpu["gpus"][0], free_mib=38000, runner_mib=1925)]
+        again = [self.changed(run.gpu["gpus"][0], free_mib=38000, runner_mib=1925)]
         self.assertEqual(gp.vram_held(run, again, grew=True), 1925)
-        again[0]["runner_mib"] = None           # another PID namespace
+        again[0].runner_mib = None              # another PID namespace
         self.assertEqual(gp.vram_held(run, again, grew=True), 2000)
         self.assertIsNone(gp.vram_held(run, again))
-        run.gpu["gpus"][0]["runner_mib"] = None
+        run.gpu["gpus"][0].runner_mib = None
         self.assertIsNone(gp.vram_held(run))
-        again[0]["free_mib"] = None
+        again[0].free_mib = None
         self.assertIsNone(gp.vram_held(run, again, grew=True))
-        mig = dict(run.gpu["gpus"][0], parent="GPU-a", runner_mib=20480)
+        mig = self.changed(run.gpu["gpus"][0], parent="GPU-a", runner_mib=20480)
         self.assertIsNone(gp.vram_held(run, [again[0], mig]))
 
     def test_no_reread_of_the_gpu_in_the_deadlines_last_second(self):
