@@ -148,7 +148,10 @@ class MountNamespace(object):
             self.holder.stdin.close()
             err = self.holder.communicate()[1]
             raise RuntimeError("the mount namespace was not set up: %r %r" % (line, err))
-        self.ns = os.readlink("/proc/%d/ns/mnt" % self.holder.pid)
+        # Held open, the namespace outlives a holder that dies early, so its
+        # inode number (self.ns) never names another test's namespace to pids().
+        self.ns_fd = os.open("/proc/%d/ns/mnt" % self.holder.pid, os.O_RDONLY)
+        self.ns = "mnt:[%d]" % os.fstat(self.ns_fd).st_ino
         self.started = []
 
     def argv(self, argv, user=None):
@@ -232,6 +235,9 @@ class MountNamespace(object):
                 self.holder.wait()
         for stream in (self.holder.stdout, self.holder.stderr):
             stream.close()
+        if self.ns_fd is not None:      # close() may run twice
+            os.close(self.ns_fd)
+            self.ns_fd = None
 
 
 def short_hostname():

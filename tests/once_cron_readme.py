@@ -168,6 +168,22 @@ def readme_cron_lines(path=README):
     return lines
 
 
+def hold_namespace(pid):
+    """The mount namespace of pid, when it is not ours, as its name
+    ("mnt:[INODE]") and an open descriptor that keeps it alive; else None.
+    Held, the namespace's inode number cannot pass to a namespace another
+    test makes meanwhile, whose processes processes_in() would then find."""
+    try:
+        fd = os.open("/proc/%d/ns/mnt" % pid, os.O_RDONLY)
+    except OSError:
+        return None
+    name = "mnt:[%d]" % os.fstat(fd).st_ino
+    if name == os.readlink("/proc/self/ns/mnt"):
+        os.close(fd)
+        return None
+    return name, fd
+
+
 def processes_in(namespace):
     """{pid: (argv, environ)} of the processes in a mount namespace."""
     found = {}
@@ -361,21 +377,27 @@ class ReadmeCronTest(unittest.TestCase):
              "mta" if mta else ""]),
             stdin=subprocess.DEVNULL, stdout=cron_log, stderr=subprocess.STDOUT,
             cwd="/", start_new_session=True)
-        namespace = [None]
+        namespace, held = [None], []
+
+        def hold():
+            """Note cron's mount namespace once it has one, and hold it."""
+            if namespace[0] is None and proc.poll() is None:
+                found = hold_namespace(proc.pid)
+                if found:
+                    namespace[0] = found[0]
+                    held.append(found[1])
 
         def stop():
-            if namespace[0] is None and proc.poll() is None:
-                try:
-                    namespace[0] = os.readlink("/proc/%d/ns/mnt" % proc.pid)
-                except OSError:
-                    pass
+            hold()
             test_cron.CronTest.stop_cron(proc)
-            if namespace[0] and namespace[0] != os.readlink("/proc/self/ns/mnt"):
+            if namespace[0]:
                 for pid in processes_in(namespace[0]):  # jobs left in it
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
                         pass
+            while held:                 # stop() runs twice: at the end and on cleanup
+                os.close(held.pop())
         self.addCleanup(stop)
 
         seen = Observed()
@@ -403,13 +425,7 @@ class ReadmeCronTest(unittest.TestCase):
             seen.drain(sink, 0.2)
             if proc.poll() is not None:
                 break
-            if namespace[0] is None:
-                try:
-                    if os.readlink("/proc/%d/ns/mnt" % proc.pid) != \
-                            os.readlink("/proc/self/ns/mnt"):
-                        namespace[0] = os.readlink("/proc/%d/ns/mnt" % proc.pid)
-                except OSError:
-                    pass
+            hold()
             open_lines = [l for l in self.lines if not ended(l.command)]
             if not open_lines and (not control or seen.count("END", CONTROL)):
                 time.sleep(GRACE)
