@@ -734,12 +734,22 @@ def missing_hint(missing, names, pull):
     typo), and ' (ollama pull NAME)' for the others when pull."""
     import difflib              # only here: a name is missing
     short = [n[:-len(":latest")] if n.endswith(":latest") else n for n in names]
-    close = [(difflib.get_close_matches(name, [s for s in short if abs(  # a typo's
-        len(s) - len(name)) <= 3][:MAX_HINTED], 1) or [None])[0] for name in missing]
-    said = ["did you mean %s?" % " / ".join(c for c in close if c)] if any(close) else []
-    if pull and None in close:
-        said.append("ollama pull %s" % " / ".join(m for m, c in zip(missing, close) if not c))
-    return " (%s)" % sanitise("; ".join(said)) if said else ""
+    typos, unknown = [], []
+    for name in missing:
+        near = [s for s in short if abs(len(s) - len(name)) <= 3]    # a typo's length
+        match = difflib.get_close_matches(name, near[:MAX_HINTED], 1)
+        if match:
+            typos.append(match[0])
+        else:
+            unknown.append(name)
+    said = []
+    if typos:
+        said.append("did you mean %s?" % " / ".join(typos))
+    if pull and unknown:
+        said.append("ollama pull %s" % " / ".join(unknown))
+    if not said:
+        return ""
+    return " (%s)" % sanitise("; ".join(said))
 
 
 def find_model(wanted, names):
@@ -3261,8 +3271,9 @@ def gpu_summary(gpu):
     figures = ((k, getattr(gpu, k)) for k in keys)
     text = " ".join("%s=%s" % (k, "-" if v is None else v) for k, v in figures)
     problem = gpu.error or gpu.health or gpu.fabric or gpu.pending
-    return "%s%s name=%s" % (text, " problem=" + problem if problem else "",
-                             gpu.name or "-")
+    if problem:
+        text += " problem=" + problem
+    return "%s name=%s" % (text, gpu.name or "-")
 
 
 def stage_totals(run):
@@ -4183,10 +4194,12 @@ def untrusted(path):
     while True:
         mode = info.st_mode
         if info.st_uid not in owners:
-            me = "root" if owners[1] == 0 else user_name(owners[1], bare=True)
+            if owners[1] == 0:
+                allowed, chown_to = "root", "root"
+            else:
+                allowed, chown_to = "this user or root", user_name(owners[1], bare=True)
             return "%s is owned by %s, not by %s: chown %s %s" % (
-                here, user_name(info.st_uid),
-                "root" if owners[1] == 0 else "this user or root", me, here)
+                here, user_name(info.st_uid), allowed, chown_to, here)
         if stat.S_ISLNK(mode):
             hops += 1
             if hops > 40:

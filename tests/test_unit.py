@@ -80,9 +80,18 @@ class MissingHintTest(unittest.TestCase):
                 (["lama3.2"], others + ["llama3.2:latest"], " (ollama pull lama3.2)"),
                 (["lama3.2"], ["a-much-longer-name:latest"] * 10 ** 4 + ["llama3.2:latest"],
                  " (did you mean llama3.2?)"),
-                (["mistral"], ["qwen3:latest"], " (ollama pull mistral)")):
+                (["mistral"], ["qwen3:latest"], " (ollama pull mistral)"),
+                (["lama3.2", "mistral", "qwen"], ["llama3.2:latest", "qwen3:latest"],
+                 " (did you mean llama3.2 / qwen3?; ollama pull mistral)")):
             with self.subTest(missing=missing, listed=len(listed)):
                 self.assertEqual(gp.missing_hint(missing, listed, True), hint)
+
+    def test_no_pull_hint_where_the_api_has_no_pull(self):
+        """Under --api openai there is no `ollama pull`: only the typo is said."""
+        for missing, hint in ((["mistral"], ""),
+                              (["lama3.2", "mistral"], " (did you mean llama3.2?)")):
+            with self.subTest(missing=missing):
+                self.assertEqual(gp.missing_hint(missing, ["llama3.2:latest"], False), hint)
 
 
 class ModelNameTest(unittest.TestCase):
