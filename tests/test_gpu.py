@@ -886,24 +886,10 @@ class SmiOutputTest(VerdictCase):
         self.assertNotInternal(res, deadline=3)
 
 
-def run_odd(args, env=None, ignored=(), close_fds=True, wrapper=(), timeout=60):
-    """run_script() with signals ignored or a wrapper command before the
-    interpreter."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        support.prepared(list(wrapper) + [sys.executable, support.SCRIPT] + list(args),
-                         ignored),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=support.cron_env() if env is None else env, cwd="/",
-        start_new_session=True, close_fds=close_fds)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError("gpu_preflight did not exit within %ss: %r" % (timeout, err))
-    return support.Result(proc.returncode, out.decode("ascii", "replace"),
-                          err.decode("ascii", "replace"), time.monotonic() - started)
+def run_odd(args, env=None, ignored=(), wrapper=()):
+    """support.run_script() with every signal at its default action but
+    those ignored, behind a wrapper command if one is given."""
+    return support.run_script(args, env, wrapper=support.prepared(list(wrapper), ignored))
 
 
 class ProbeHostTest(VerdictCase):
