@@ -376,7 +376,7 @@ class Attempt(object):
         self.attempt = attempt      # --wait: which attempt this is
         self.reused = None          # --share-result: the state reused, if any
         # What was not done or not checked (state, metrics, TLS, context): logged
-        # with every verdict (the key problem) and --json's "problems", carried
+        # with every verdict (its log key is problem=) and --json's "problems", carried
         # across --wait's attempts. ready_notes below are said only when ready.
         self.problems = before.problems if before else []
         self.before = before and before.reason     # --wait: the last attempt's reason
@@ -689,7 +689,8 @@ def check_service(run, client):
 class Model(object):
     """One model the preflight checks: its name, the server's list entry for
     it and whether it runs on ollama.com, then what each stage finds out
-    (None: not known). The --json "models" list shows the fields it names."""
+    (None: not known). The --json "models" list shows the fields as_dict()
+    names."""
 
     __slots__ = ("name", "entry", "cloud", "kind", "capabilities", "unreadable",
                  "warmup_ms", "resident", "size", "size_vram", "was_loaded", "reload",
@@ -701,6 +702,12 @@ class Model(object):
         self.resident = self.size = self.size_vram = self.was_loaded = None
         self.reload = self.load_ms = self.context_length = self.context_bad = None
         self.reason = ""        # why this model is not fit, once a stage says
+
+    def as_dict(self):
+        """The fields the --json "models" list shows, by name, in its order."""
+        return dict((key, getattr(self, key)) for key in (
+            "name", "kind", "capabilities", "warmup_ms", "resident", "size_vram",
+            "was_loaded", "load_ms", "cloud", "context_length", "reason"))
 
 
 def choose_models(run, listed, wanted, where=None, listing=None):
@@ -738,10 +745,10 @@ def missing_hint(missing, names, pull):
     for name in missing:
         near = [s for s in short if abs(len(s) - len(name)) <= 3]    # a typo's length
         match = difflib.get_close_matches(name, near[:MAX_HINTED], 1)
-        if match:
-            typos.append(match[0])
-        else:
+        if not match:
             unknown.append(name)
+        elif match[0]:                  # a listed ":latest" is an empty name
+            typos.append(match[0])
     said = []
     if typos:
         said.append("did you mean %s?" % " / ".join(typos))
@@ -834,8 +841,8 @@ def ollama_kinds(run, client):
                         about=model.name), "POST /api/show")
             except Fail as exc:     # a --require on this model cannot be judged
                 model.unreadable = exc
-                run.ready_notes.append("capabilities of %s unknown (%s)" % (model.name,
-                                                                      exc.reason))
+                run.ready_notes.append("capabilities of %s unknown (%s)"
+                                       % (model.name, exc.reason))
         if caps is not None:        # "embedding" alone: an embedding model
             model.capabilities = caps
             model.kind = "generate" if "completion" in caps or \
@@ -1116,12 +1123,12 @@ def check_placement(run, running):
                      "GET /api/ps")
         if entries:
             model.size, model.size_vram = (whole_number(entries[0], key, "GET /api/ps")
-                                                 for key in ("size", "size_vram"))
+                                           for key in ("size", "size_vram"))
     gone = [m for m in models if not m.resident]
     if gone and len(gone) == len(models):
+        subject = "model" if len(run.models) == 1 else ", ".join(m.name for m in gone)
         run.ready_notes.append("%s not resident after the warm-up (server keep-alive 0?), "
-                         "GPU placement not verified" % ("model" if len(run.models) == 1
-                                                         else ", ".join(m.name for m in gone)))
+                               "GPU placement not verified" % subject)
         return
     unloaded(run, gone, "OLLAMA_MAX_LOADED_MODELS too low, or not enough VRAM for "
              "all; raise OLLAMA_MAX_LOADED_MODELS on the server, use smaller models")
@@ -1130,7 +1137,7 @@ def check_placement(run, running):
         size, vram = model.size, model.size_vram
         if not size or vram is None:
             run.ready_notes.append("GPU placement of %s not reported by the server"
-                             % model.name)
+                                   % model.name)
             continue
         pct = min(100, int(round(100.0 * vram / size)))
         run.vram_pct = pct if run.vram_pct is None else run.vram_pct
@@ -1192,7 +1199,7 @@ def check_vram_held(run):
         return
     if run.gpu["backend"] != "nvml":
         run.ready_notes.append("VRAM use not cross-checked (%s reports no memory per process)"
-                         % run.gpu["backend"])
+                               % run.gpu["backend"])
         return
     after = None
     if not all(m.was_loaded and (m.load_ms or 0) <= 1000 for m in local):
@@ -1202,7 +1209,7 @@ def check_vram_held(run):
     held = vram_held(run, after, all(m.was_loaded is False for m in local))
     if held is None:
         run.ready_notes.append("VRAM use not cross-checked (NVML's per-process figures are "
-                         "unusable here, and the warm-up did not load every model)")
+                               "unusable here, and the warm-up did not load every model)")
     elif held * 2 < claimed:
         raise Fail(EX_UNAVAILABLE, "Ollama reports %d MiB in VRAM but the GPU holds %s: it "
                    "is running on the CPU (its GPU backend did not load: see the server "
@@ -1216,7 +1223,7 @@ def gpus_again(run):
     room = run.deadline_at - time.monotonic() - 1.0
     if room <= 0:
         run.ready_notes.append("VRAM use not cross-checked (no time left to read the GPU "
-                         "again before the deadline)")
+                               "again before the deadline)")
         return None
     try:
         with run.step("placement", min(run.opts.gpu_timeout, room), optional=True,
@@ -1441,7 +1448,7 @@ def check_health(run, client, path):
     # LiteLLM's /health calls every model (docs.litellm.ai/docs/proxy/health).
     if isinstance(doc, dict) and "healthy_endpoints" in doc:
         run.ready_notes.append("LiteLLM's /health calls the models: use --health-path "
-                         "/health/readiness")
+                               "/health/readiness")
 
 
 def health_503(client, path, exc, left):
@@ -3237,12 +3244,9 @@ def verdict_facts(run, elapsed_ms):
         fact("model", "model", run.model),
         fact("elapsed_ms", "elapsed_ms", round(elapsed_ms, 1), int(round(elapsed_ms))),
         fact("models" if len(models) > 1 else None, "models",
-             [dict((k, getattr(m, k)) for k in ("name", "kind", "capabilities", "warmup_ms",
-                                       "resident", "size_vram", "was_loaded", "load_ms",
-                                       "cloud", "context_length", "reason"))
-              for m in models],
-             ", ".join("%s %s %s" % (m.name, m.kind or "-", "-" if m.warmup_ms
-                                     is None else "%dms" % m.warmup_ms) for m in models)),
+             [m.as_dict() for m in models],
+             ", ".join("%s %s %s" % (m.name, m.kind or "-", "-" if m.warmup_ms is None
+                                     else "%dms" % m.warmup_ms) for m in models)),
     ] + [fact("%s_ms" % name, None, int(round(ms))) for name, ms in stage_totals(run)] + [
         fact("was_loaded" if loaded is not None else None, "model_was_loaded", loaded,
              "yes" if loaded else "no"),
