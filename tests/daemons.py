@@ -210,7 +210,11 @@ class MountNamespace(object):
                 proc.wait()
 
     def close(self):
-        """End what runs in the namespace (by PID), then the holder."""
+        """End what runs in the namespace (by PID), then the holder; once.
+        Called again, it does nothing: the name self.ns is no longer held,
+        and another test's namespace may have it now."""
+        if self.ns_fd is None:
+            return
         for proc in reversed(self.started):
             self.stop(proc)
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -235,9 +239,8 @@ class MountNamespace(object):
                 self.holder.wait()
         for stream in (self.holder.stdout, self.holder.stderr):
             stream.close()
-        if self.ns_fd is not None:      # close() may run twice
-            os.close(self.ns_fd)
-            self.ns_fd = None
+        os.close(self.ns_fd)
+        self.ns_fd = None
 
 
 def short_hostname():

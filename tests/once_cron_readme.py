@@ -396,7 +396,10 @@ class ReadmeCronTest(unittest.TestCase):
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
                         pass
-            while held:                 # stop() runs twice: at the end and on cleanup
+            # stop() runs twice (at the end and on cleanup): the second call
+            # must not kill by a name the namespace no longer holds.
+            namespace[0] = None
+            while held:
                 os.close(held.pop())
         self.addCleanup(stop)
 

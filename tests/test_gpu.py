@@ -74,7 +74,7 @@ class GpuCase(ContractCase):
             # loaded by a second suite delayed the test's own wait by 6 s
             self.assertLess(doc["elapsed_ms"], (deadline + SLACK) * 1000, res)
             self.assertLess(res.elapsed, deadline + 30, res)    # no hang
-        self.assertEqual(self.leftover_probes(), [], "probe left running")
+        self.assertEqual(self.probes_left(), [], "probe left running")
         return res, doc
 
     def nvml(self, args=(), mode="free", lib=None, **env):
@@ -97,7 +97,20 @@ class GpuCase(ContractCase):
         fakes.add_pci_display(root, "0000:05:00.0", "0x10de", "0x068000")
         return root
 
+    def probes_left(self, wait=5.0):
+        """leftover_probes() once it finds none, or after wait seconds: the run
+        SIGKILLs its probes as it ends but does not wait for them, so on a loaded
+        machine a killed one may still be exiting; one left running stays."""
+        ends = time.monotonic() + wait
+        while True:
+            found = self.leftover_probes()
+            if not found or time.monotonic() > ends:
+                return found
+            time.sleep(0.05)
+
     def leftover_probes(self):
+        """The PIDs with this test's token in their environment: the runs and
+        their probes."""
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -286,7 +299,7 @@ class NvmlTest(GpuCase):
         fields = self.log()[1]
         self.assertEqual((fields["stage"], fields["reason"]),
                          ("gpu", "interrupted by SIGTERM during the GPU probe"))
-        self.assertEqual(self.leftover_probes(), [])
+        self.assertEqual(self.probes_left(), [])
 
     def test_probe_holds_no_descriptor_of_the_caller(self):
         lock = os.path.join(self.dir, "held.lock")
@@ -295,7 +308,7 @@ class NvmlTest(GpuCase):
                             dict(FAKE_NVML_MODE="hang"), deadline=4)
         self.assertEqual(res.code, 75)
         self.log()
-        self.assertEqual(self.leftover_probes(), [])
+        self.assertEqual(self.probes_left(), [])
         fd = os.open(lock, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # novermin: flags; nobody holds it now

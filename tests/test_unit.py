@@ -644,7 +644,8 @@ class VramJudgeTest(unittest.TestCase):
                                     gpu={"backend": "nvml", "gpus": [gpu]}))
 
     def changed(self, gpu, **figures):
-        """A copy of the Gpu record gpu with figures set."""
+        """A copy of the Gpu record gpu with figures set (each a field of it)."""
+        self.assertLessEqual(set(figures), set(gp.Gpu.__slots__))
         return gp.Gpu.from_dict(dict(gpu.as_dict(), **figures))
 
     def test_size_vram_0_by_the_free_memory_of_the_servers_gpus(self):
