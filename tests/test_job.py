@@ -716,12 +716,16 @@ class LogChangesOnlyTransitionTest(TrustCase):
 
 class ShareResultDeadlineTest(TrustCase):
     def test_a_waiter_does_not_take_a_skip_caused_by_another_callers_deadline(self):
-        emu = self.emulator(loaded=(), load_seconds=2.0)
+        """The first caller's --deadline 2 ends its check inside the 3 s load:
+        a 75 of its own deadline, which a waiter with 30 s checks again (0).
+        The first holds the flight lock from its start to its deadline; with
+        --deadline 1, on a loaded machine, that window was too short to see."""
+        emu = self.emulator(loaded=(), load_seconds=3.0)
         state = self.path("state")
         common = ["--host", emu.url, "--model", "llama3.2", "--timeout", "10",
                   "--share-result", "60", "--state-dir", state, "--no-syslog"]
         first = subprocess.Popen([sys.executable, support.SCRIPT] + common
-                                 + ["--deadline", "1"], env=support.cron_env(),
+                                 + ["--deadline", "2"], env=support.cron_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addCleanup(first.wait)
         support.wait_for_flock(     # the first caller's check is in flight
