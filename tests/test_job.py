@@ -169,9 +169,9 @@ class RunTheJobTest(JobCase):
 
 class LockTest(JobCase):
     def test_second_run_with_the_same_lock_gets_75_at_once(self):
-        emu = self.emulator(mode="cold", load_seconds=2)
+        emu = self.emulator(mode="cold", load_seconds=4)    # the second must come in it
         lock = self.path("gpu.lock")
-        first = self.start(["--host", emu.url, "--timeout", "5", "--lock", lock])
+        first = self.start(["--host", emu.url, "--timeout", "6", "--lock", lock])
         support.wait_for_flock([lock])
         res = self.run_gp(["--host", emu.url, "--lock", lock, "--deadline", "3"])
         self.assertEqual(res.code, 75, res)
@@ -421,7 +421,7 @@ class ShareResultTest(JobCase):
         self.addCleanup(healthy.stop)
         self.addCleanup(hang.stop)
         args = ["--host", "127.0.0.1:%d" % port, "--share-result", "60",
-                "--state-dir", self.state, "--timeout", "1.5"]
+                "--state-dir", self.state, "--timeout", "2.5"]     # the waiter comes in it
         first = self.start(args + ["--no-syslog"])
         support.wait_for_flock(lambda: glob.glob(os.path.join(self.state, "*.lock")))
         waiter = self.start(args + ["--wait", "20", "--json"])
