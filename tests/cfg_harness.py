@@ -27,7 +27,7 @@ recipe's entry runs unchanged against Ollama's default address
 127.0.0.1:11434: the emulator listens there inside that namespace for the
 "ready" run, and nothing does for the "refused" run. cron itself is set up by
 tests/test_cron.py's NAMESPACE_SETUP (private /dev with the test's syslog
-socket as /dev/log, libfaketime putting cron's clock 2 s before the entry's
+socket as /dev/log, libfaketime putting cron's clock 5 s before the entry's
 next minute).
 """
 
@@ -53,7 +53,7 @@ CACHE_DIR = MODULE_DIR + "/__pycache__"
 CRON_FILE = "/etc/cron.d/gpu-batch"
 JOB = "/opt/jobs/batch.sh"
 OLLAMA_PORT = 11434              # Ollama's default, in the cron run's own netns
-CRON_WAIT = 30.0                 # faketime: the entry runs after about 3 s
+CRON_WAIT = 30.0                 # faketime: the entry runs after about 6 s
 STEP_TIMEOUT = 300               # one apply of a recipe
 
 # Run by /bin/sh in a new mount namespace: $1 the host dir, then the command.
@@ -205,10 +205,11 @@ class Host(object):
         testcase.addCleanup(sink.close)
         # Debian's python3 runs the emulator: /usr/local is the host's there
         emulator = DEBIAN_PYTHON if ready else ""
-        # cron's clock 2 s before the next local :00 or :30 (the entry's */30)
+        # cron's clock 5 s before the next local :00 or :30 (the entry's */30):
+        # the set-up below (an emulator, mounts, cron) must end before it
         now = time.time()
         local = now + time.localtime(now).tm_gmtoff
-        offset = int(round((1798.0 - local % 1800.0) % 1800.0))
+        offset = int(round((1795.0 - local % 1800.0) % 1800.0))
         log_path = os.path.join(self.dir, "cron.out")
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(

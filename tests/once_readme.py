@@ -18,7 +18,7 @@ What is run, and what is substituted (said where it happens):
     cannot be typed into by a test: the ```cron block under it is written to
     that file (root's, 0644), and Debian's cron.service, started by the
     container's systemd with libfaketime moving cron's clock (a drop-in:
-    2 s before the line's next */30), runs it: the job runs, cron logs it.
+    5 s before the line's next */30), runs it: the job runs, cron logs it.
     `journalctl -t gpu_preflight --since today` then runs as written and
     shows the ready lines of the run by hand and of cron's; its alternative
     `grep gpu_preflight /var/log/syslog` runs as written against Debian's
@@ -90,7 +90,7 @@ JOB = """#!/bin/sh
 # a job the README names: notes that it ran, prints nothing
 printf '%%s uid=%%s invocation=%%s\\n' "$0" "$(id -u)" "${INVOCATION_ID:-}" >> %s
 """
-CRON_WAIT = 30.0                        # faketime: cron's line runs after ~3 s
+CRON_WAIT = 30.0                        # faketime: cron's line runs after ~6 s
 TOKEN = "gpfl-readme-token-7f3c9a2e41"  # the bearer token of the TLS example
 #: Run by the container's python3 in its network namespace: the vLLM
 #: emulator (requiring TOKEN) behind a TLS proxy on 127.0.0.1:443 with a
@@ -364,14 +364,14 @@ class QuickStartTest(ContainerCase):
             self.assertEqual(len(ready), 2, "the run by hand and cron's:\n" + out)
 
     def run_cron_until(self, job, entry):
-        """Debian's cron.service, its clock 2 s before the next :00 or :30
+        """Debian's cron.service, its clock 5 s before the next :00 or :30
         (libfaketime, in a drop-in); wait until it ran `job` once."""
         lib = support.require_tool(self, "faketime (libfaketime.so.1)",
                                    test_cron.find_libfaketime())
         support.require_tool(self, "cron", "/usr/sbin/cron")
         now = time.time()
         local = now + time.localtime(now).tm_gmtoff
-        offset = int(round((1798.0 - local % 1800.0) % 1800.0))
+        offset = int(round((1795.0 - local % 1800.0) % 1800.0))
         self.write("/etc/systemd/system/cron.service.d/gpfl-faketime.conf",
                    "[Service]\nEnvironment=LD_PRELOAD=%s FAKETIME=+%ds\n" % (lib, offset))
         self.sh("systemctl daemon-reload && systemctl start cron.service")

@@ -19,8 +19,8 @@ is mailed), and the script's one syslog line reaches /dev/log.
     directory, and /run a tmpfs (cron's /run/crond.pid cannot clash with a
     cron already running on the machine);
   - libfaketime (Debian package faketime) is preloaded into cron only, with an
-    offset that puts cron's clock about 2 s before a minute boundary, so the
-    entries run after about 3 s instead of up to a minute. cron builds each
+    offset that puts cron's clock about 5 s before a minute boundary, so the
+    entries run after about 6 s instead of up to a minute. cron builds each
     job's environment from scratch, so the jobs themselves run on the real
     clock. Without libfaketime (outside CI) the test waits for the real minute.
 
@@ -205,8 +205,9 @@ class CronTest(unittest.TestCase):
                 handle.write("* * * * * root %s\n" % control)
         os.chmod(path, 0o644)           # root-owned, else cron ignores it
 
-        # Put cron's clock ~2 s before a minute boundary.
-        offset = int(round((58.0 - time.time()) % 60.0)) if lib else 0
+        # Put cron's clock ~5 s before a minute boundary: cron must be set up
+        # and running by then, on a machine loaded by the other interpreters.
+        offset = int(round((55.0 - time.time()) % 60.0)) if lib else 0
         cron_log = open(os.path.join(work, "cron.out"), "wb")
         self.addCleanup(cron_log.close)
         started = time.monotonic()
