@@ -188,12 +188,16 @@ class LockTest(JobCase):
         emu = self.emulator()
         lock = self.path("gpu.lock")
         marker = self.path("job-started")
+        release = self.path("release")      # the job runs until the test says
         job = self.start(["--host", emu.url, "--lock", lock, "--", "/bin/sh", "-c",
-                          "touch %s; sleep 2" % marker])
-        end = time.monotonic() + 10
+                          ': > "$0"; while [ ! -e "$1" ]; do sleep 0.05; done', marker,
+                          release])
+        end = time.monotonic() + 30
         while not os.path.exists(marker) and time.monotonic() < end:
             time.sleep(0.02)
         during = self.run_gp(["--host", emu.url, "--lock", lock])
+        with open(release, "w"):
+            pass
         self.assertEqual(during.code, 75, during)
         self.assertEqual(self.finish(job)[0], 0)
         after = self.run_gp(["--host", emu.url, "--lock", lock])
@@ -373,13 +377,15 @@ class ShareResultTest(JobCase):
 
     def test_a_failing_service_fails_every_caller(self):
         emu = self.emulator(mode="hang")
-        results = self.crowd(self.shared(emu, "--timeout", "1.5", "--deadline", "8"))
+        results = self.crowd(self.shared(emu, "--timeout", "3", "--deadline", "12"))
         self.assertEqual([r[0] for r in results], [75] * 20, results)
         self.assertLessEqual(len(emu.requests), 3, "callers must wait, not send")
 
     def test_a_fresh_ready_verdict_is_reused_without_the_network_until_it_ages(self):
+        """Reused within --share-result 30; checked again once older than 1 s
+        (--share-result is not part of the check: the same state file)."""
         emu = self.emulator()
-        args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "1"]
+        args = ["--host", emu.url, "--state-dir", self.state, "--share-result", "30"]
         self.assertEqual(self.run_gp(args).code, 0)
         self.log()
         sent = len(emu.requests)
@@ -390,7 +396,7 @@ class ShareResultTest(JobCase):
         self.assertEqual(fields["shared"], "reused")
         self.assertRegex(fields["reason"], r"^reused verdict of pid \d+, [\d.]+s old: ")
         time.sleep(1.1)
-        self.assertEqual(self.run_gp(args).code, 0)
+        self.assertEqual(self.run_gp(args[:-1] + ["1"]).code, 0)
         self.assertGreater(len(emu.requests), sent)
 
     def test_jitter_keeps_a_single_warmup(self):
@@ -501,7 +507,7 @@ class EscalateAfterTest(JobCase):
         import fcntl
         emu = self.emulator(mode="hang")
         lock = self.path("gpu.lock")
-        args = ["--host", emu.url, "--timeout", "0.5", "--state-dir", self.state,
+        args = ["--host", emu.url, "--timeout", "1", "--state-dir", self.state,
                 "--lock", lock, "--escalate-after", "3"]
 
         def verdict(mode, code):

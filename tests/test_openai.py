@@ -100,7 +100,7 @@ class ServersTest(OpenAICase):
         self.verdict(self.check(llama.url), 75, "health", "503 Loading model")
 
     def test_wait_rides_out_a_load(self):
-        llama = self.server("llamacpp", mode="loading", load_seconds=2)
+        llama = self.server("llamacpp", mode="loading", load_seconds=4)  # the run comes in it
         res = self.check(llama.url, "--wait", "20")
         fields = self.verdict(res, 0)
         self.assertGreaterEqual(int(fields["attempts"]), 2)
@@ -120,7 +120,7 @@ class ServersTest(OpenAICase):
         self.assertEqual(dead.count("GET", "/health"), 2)
 
     def test_wait_rides_out_an_sglang_start(self):
-        sglang = self.server("vllm", mode="sglang_starting", load_seconds=2)
+        sglang = self.server("vllm", mode="sglang_starting", load_seconds=4)
         fields = self.verdict(self.check(sglang.url, "--wait", "20"), 0)
         self.assertGreaterEqual(int(fields["attempts"]), 2)
 

@@ -290,20 +290,26 @@ class OutputTest(ContractCase):
     def test_a_busy_log_socket_that_reads_again_soon_gets_the_ready_line(self):
         """A syslog daemon whose socket's queue is full (busy, or flooded by any
         user) and that reads again while the script waits (up to 0.2 s) gets the
-        ready line; one non-blocking send lost it."""
+        ready line; one non-blocking send lost it. Up to three tries: on a
+        loaded machine the test may read only after the 0.2 s; the lost line
+        was lost on every try."""
         emu = self.emulator()
-        proc = subprocess.Popen(
-            [sys.executable, support.SCRIPT, "--host", emu.url, "--syslog-address",
-             self.full_log_socket()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=support.cron_env(), start_new_session=True)
-        while proc.poll() is None and not holds_connected_datagram_socket(proc.pid):
-            time.sleep(0.005)       # until it has connected to the log socket,
-        time.sleep(0.05)            # and met the full queue
-        got = self.sink.messages(wait=0.5)
-        out, err = proc.communicate(timeout=30)
-        got += self.sink.messages(wait=0.01)
-        self.assertEqual((proc.returncode, out, err), (0, b"", b""))
-        self.assertEqual(len([m for m in got if "result=ready code=0" in m]), 1, got)
+        for _ in range(3):
+            proc = subprocess.Popen(
+                [sys.executable, support.SCRIPT, "--host", emu.url, "--syslog-address",
+                 self.full_log_socket()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=support.cron_env(), start_new_session=True)
+            while proc.poll() is None and not holds_connected_datagram_socket(proc.pid):
+                time.sleep(0.005)   # until it has connected to the log socket,
+            time.sleep(0.05)        # and met the full queue
+            got = self.sink.messages(wait=0.5)
+            out, err = proc.communicate(timeout=30)
+            got += self.sink.messages(wait=0.01)
+            self.assertEqual((proc.returncode, out, err), (0, b"", b""))
+            ready = [m for m in got if "result=ready code=0" in m]
+            if ready:
+                break
+        self.assertEqual(len(ready), 1, got)
 
     def test_a_log_socket_that_stays_full_costs_the_wait_not_the_verdict(self):
         """Never read: the run keeps its deadline and its verdict, -v says the send
@@ -423,17 +429,19 @@ class WaitTest(ContractCase):
     """--wait: retries until the deadline, and a signal between tries."""
 
     def test_wait_keeps_trying_until_the_deadline(self):
+        """A service that starts 1.5 s after the run, well inside its --deadline
+        8 (a loaded machine may start the run late and the service later)."""
         port = free_port()
         late = Emulator(port=port)
         started = time.monotonic()
-        timer = threading.Timer(2.5, late.start)
+        timer = threading.Timer(1.5, late.start)
         timer.start()
         self.addCleanup(late.stop)
         self.addCleanup(timer.cancel)
         res = self.run_gp(["--host", "127.0.0.1:%d" % port, "--wait", "20",
-                           "--deadline", "4"])
+                           "--deadline", "8"])
         self.assertEqual(res.code, 0, res)
-        self.assertGreater(time.monotonic() - started, 2.5)
+        self.assertGreater(time.monotonic() - started, 1.5)
         self.assertGreaterEqual(int(self.log()[1]["attempts"]), 2)
 
     def test_a_port_that_never_opens_is_tried_until_about_the_deadline(self):
@@ -446,26 +454,31 @@ class WaitTest(ContractCase):
         self.assertInTime(res, 4, fields)
 
     def test_a_signal_during_the_pause_between_attempts_is_143(self):
-        # A server that closes each connection at once: its first accept marks
-        # the start of the pause (at least 0.75 s), however late the run began.
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        self.addCleanup(listener.close)
-        proc = subprocess.Popen(
-            [sys.executable, support.SCRIPT, "--host", "127.0.0.1:%d"
-             % listener.getsockname()[1], "--wait", "30", "--syslog-address",
-             self.sink.path], stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=support.cron_env())
-        self.addCleanup(proc.kill)
-        listener.settimeout(30)
-        listener.accept()[0].close()
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
-        self.assertEqual(proc.returncode, 143, (out, err))
-        fields = self.log()[1]
-        self.assertEqual(fields["code"], "143")
+        """A server that closes each connection at once: its first accept marks
+        the start of the pause (at least 0.75 s), however late the run began.
+        Up to three tries: a loaded machine may signal only once the pause has
+        ended (then the run is in its next GET /api/tags)."""
+        for _ in range(3):
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            self.addCleanup(listener.close)
+            proc = subprocess.Popen(
+                [sys.executable, support.SCRIPT, "--host", "127.0.0.1:%d"
+                 % listener.getsockname()[1], "--wait", "30", "--syslog-address",
+                 self.sink.path], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=support.cron_env())
+            self.addCleanup(proc.kill)
+            listener.settimeout(30)
+            listener.accept()[0].close()
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=10)
+            self.assertEqual(proc.returncode, 143, (out, err))
+            fields = self.log()[1]
+            self.assertEqual(fields["code"], "143")
+            if "during GET /api/tags" not in fields["reason"]:
+                break
         self.assertIn("interrupted by SIGTERM while waiting to retry (", fields["reason"])
 
 
