@@ -740,7 +740,7 @@ class SignalTest(ContractCase):
     def test_sigterm_exits_143_with_a_log_line(self):
         code, took, out, err = self.run_and_signal(signal.SIGTERM)
         self.assertEqual((code, out, err), (143, b"", b""))
-        self.assertLess(took, 1.0)
+        self.assertLess(took, 3.0)         # at once, not after the 30 s timeout
         fields = self.log()[1]
         self.assertEqual(fields["code"], "143")
         self.assertIn("interrupted by SIGTERM during GET /api/tags", fields["reason"])
