@@ -125,6 +125,14 @@ exec cat >/dev/null
 """
 
 
+def open_namespace(pid):
+    """The mount namespace of pid, held open: its name ("mnt:[INODE]") and the
+    descriptor. Held, its inode number cannot pass to a namespace another test
+    makes meanwhile, so killing the processes by that name reaches none of its."""
+    fd = os.open("/proc/%d/ns/mnt" % pid, os.O_RDONLY)
+    return "mnt:[%d]" % os.fstat(fd).st_ino, fd
+
+
 class MountNamespace(object):
     """A private mount namespace with the given mounts, held open until close().
 
@@ -148,10 +156,7 @@ class MountNamespace(object):
             self.holder.stdin.close()
             err = self.holder.communicate()[1]
             raise RuntimeError("the mount namespace was not set up: %r %r" % (line, err))
-        # Held open, the namespace outlives a holder that dies early, so its
-        # inode number (self.ns) never names another test's namespace to pids().
-        self.ns_fd = os.open("/proc/%d/ns/mnt" % self.holder.pid, os.O_RDONLY)
-        self.ns = "mnt:[%d]" % os.fstat(self.ns_fd).st_ino
+        self.ns, self.ns_fd = open_namespace(self.holder.pid)
         self.started = []
 
     def argv(self, argv, user=None):

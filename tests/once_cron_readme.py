@@ -48,6 +48,7 @@ import tempfile
 import time
 import unittest
 
+import daemons
 import support
 import test_cron
 from ollama_emu import Emulator, Model
@@ -166,22 +167,6 @@ def readme_cron_lines(path=README):
             else:
                 lines.append(CronLine(number, text, env))
     return lines
-
-
-def hold_namespace(pid):
-    """The mount namespace of pid, when it is not ours, as its name
-    ("mnt:[INODE]") and an open descriptor that keeps it alive; else None.
-    Held, the namespace's inode number cannot pass to a namespace another
-    test makes meanwhile, whose processes processes_in() would then find."""
-    try:
-        fd = os.open("/proc/%d/ns/mnt" % pid, os.O_RDONLY)
-    except OSError:
-        return None
-    name = "mnt:[%d]" % os.fstat(fd).st_ino
-    if name == os.readlink("/proc/self/ns/mnt"):
-        os.close(fd)
-        return None
-    return name, fd
 
 
 def processes_in(namespace):
@@ -377,30 +362,31 @@ class ReadmeCronTest(unittest.TestCase):
              "mta" if mta else ""]),
             stdin=subprocess.DEVNULL, stdout=cron_log, stderr=subprocess.STDOUT,
             cwd="/", start_new_session=True)
-        namespace, held = [None], []
+        held = []       # cron's own mount namespace, once it has unshared one
 
         def hold():
-            """Note cron's mount namespace once it has one, and hold it."""
-            if namespace[0] is None and proc.poll() is None:
-                found = hold_namespace(proc.pid)
-                if found:
-                    namespace[0] = found[0]
-                    held.append(found[1])
+            if held or proc.poll() is not None:
+                return
+            try:
+                name, fd = daemons.open_namespace(proc.pid)
+            except OSError:
+                return
+            if name == os.readlink("/proc/self/ns/mnt"):    # not unshared yet
+                os.close(fd)
+            else:
+                held.append((name, fd))
 
-        def stop():
+        def stop():     # at the end and on cleanup: kills only by a name held
             hold()
             test_cron.CronTest.stop_cron(proc)
-            if namespace[0]:
-                for pid in processes_in(namespace[0]):  # jobs left in it
+            while held:
+                name, fd = held.pop()
+                for pid in processes_in(name):  # jobs left in it
                     try:
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
                         pass
-            # stop() runs twice (at the end and on cleanup): the second call
-            # must not kill by a name the namespace no longer holds.
-            namespace[0] = None
-            while held:
-                os.close(held.pop())
+                os.close(fd)
         self.addCleanup(stop)
 
         seen = Observed()
@@ -413,10 +399,10 @@ class ReadmeCronTest(unittest.TestCase):
 
         def waiting():
             """{README line: pid} of preflights of --wait lines still running."""
-            if namespace[0] is None:
+            if not held:
                 return {}
             found = {}
-            for pid, (argv, environ) in processes_in(namespace[0]).items():
+            for pid, (argv, environ) in processes_in(held[0][0]).items():
                 marks = [e.split("=", 1)[1] for e in environ
                          if e.startswith("GPFL_README_LINE=")]
                 if marks and any(a.endswith("/gpu_preflight") for a in argv[:3]):

@@ -195,9 +195,11 @@ class LockTest(JobCase):
         end = time.monotonic() + 30
         while not os.path.exists(marker) and time.monotonic() < end:
             time.sleep(0.02)
-        during = self.run_gp(["--host", emu.url, "--lock", lock])
-        with open(release, "w"):
-            pass
+        try:
+            during = self.run_gp(["--host", emu.url, "--lock", lock])
+        finally:
+            with open(release, "w"):
+                pass
         self.assertEqual(during.code, 75, during)
         self.assertEqual(self.finish(job)[0], 0)
         after = self.run_gp(["--host", emu.url, "--lock", lock])
