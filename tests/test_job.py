@@ -353,11 +353,14 @@ class WaitTest(JobCase):
         self.assertEqual(emu.count("GET", "/api/tags"), 1)
 
     def test_jitter_is_bounded_by_the_deadline(self):
+        """--jitter 600 under --deadline 6 pauses at most until one --timeout
+        (3 s) is left, and that is enough for the check (with --timeout 1 the
+        check had 1 s, which a loaded machine missed)."""
         emu = self.emulator()
-        res = self.run_gp(["--host", emu.url, "--jitter", "600", "--deadline", "2",
-                           "--timeout", "1"])
+        res = self.run_gp(["--host", emu.url, "--jitter", "600", "--deadline", "6",
+                           "--timeout", "3"])
         self.assertEqual(res.code, 0, res)
-        self.assertInTime(res, 2, self.log()[1])
+        self.assertInTime(res, 6, self.log()[1])
 
 
 class ShareResultTest(JobCase):
