@@ -77,14 +77,18 @@ class GpuCase(ContractCase):
         self.assertEqual(self.probes_left(), [], "probe left running")
         return res, doc
 
+    # The runs of nvml() and smi() have 10 s: a placement read again after a
+    # load needs more than 1 s left when the load ends, which under 4 s a
+    # machine running every suite at once could miss. The hangs they meet are
+    # cut by --gpu-timeout, which those tests set.
     def nvml(self, args=(), mode="free", lib=None, **env):
         env = dict(env, FAKE_NVML_MODE=mode)
         return self.gpu(["--gpu-backend", "nvml", "--nvml-lib", lib or self.lib]
-                        + list(args), env, deadline=4)
+                        + list(args), env, deadline=10)
 
     def smi(self, args=(), mode="free", **env):
         env = dict(env, FAKE_SMI_MODE=mode, PATH=self.smi_dir + ":/usr/bin:/bin")
-        return self.gpu(["--gpu-backend", "nvidia-smi"] + list(args), env, deadline=4)
+        return self.gpu(["--gpu-backend", "nvidia-smi"] + list(args), env, deadline=10)
 
     def nvidia_sysfs(self, count):
         """A GPU_PREFLIGHT_ROOT whose sysfs lists count NVIDIA GPUs on buses
@@ -320,7 +324,9 @@ class NvmlTest(GpuCase):
                              "--gpu-timeout", "0.5", "--deadline", "6"],
                             dict(FAKE_NVML_MODE="hang"))
         self.assertVerdict(res, doc, 75, "did not answer within 0.5s")
-        self.assertLess(doc["elapsed_ms"], (0.5 + SLACK) * 1000, res)    # its own clock
+        gpu = [s for s in doc["stages"] if s["name"] == "gpu"][0]
+        self.assertLess(gpu["duration_ms"], (0.5 + SLACK) * 1000, res)   # its own clock
+        self.assertLess(doc["elapsed_ms"], 6000, res)   # ended by the stage, not --deadline
 
     def test_nvidia_userspace_without_driver_on_an_amd_host_uses_amd(self):
         root = fakes.make_amd_sysfs(tempfile.mkdtemp(dir=self.dir),
@@ -907,7 +913,10 @@ def run_odd(args, env=None, ignored=(), wrapper=()):
 
 class ProbeHostTest(VerdictCase):
     """The forked GPU probe under a parent that leaves the process odd: stdio
-    closed, many descriptors open, SIGCHLD ignored, no /proc."""
+    closed, many descriptors open, SIGCHLD ignored, no /proc. Each run has
+    --deadline 10: up to three interpreters start in its process (a wrapper
+    execs into it) before the probe and four requests; the bugs these catch
+    end in 69 or 70 at once, or in 75 after the 5 s --gpu-timeout."""
 
     def test_the_gpu_probe_with_stdio_descriptors_closed(self):
         """Started with two of 0, 1, 2 closed, os.pipe() returns two of them:
@@ -919,13 +928,13 @@ class ProbeHostTest(VerdictCase):
             with self.subTest(closed=closed):
                 self.sink.messages(wait=0.01)
                 proc = subprocess.Popen(support.prepared(
-                    [sys.executable, support.SCRIPT, "--host", url, "--deadline", "3",
+                    [sys.executable, support.SCRIPT, "--host", url, "--deadline", "10",
                      "--gpu-backend", "amd-sysfs", "--syslog-address", self.sink.path],
                     closed=closed), env=env, cwd="/", start_new_session=True)
                 self.assertEqual(proc.wait(30), 0)
                 fields = self.log()[1]
                 self.assertEqual(fields["result"], "ready")
-                self.assertLess(float(fields["elapsed_ms"]), (3 + SLACK) * 1000)
+                self.assertLess(float(fields["elapsed_ms"]), (10 + SLACK) * 1000)
 
     def test_the_gpu_probe_with_more_than_1024_descriptors_open(self):
         """A parent that leaks descriptors (RLIMIT_NOFILE above 1024, as in
@@ -941,11 +950,11 @@ class ProbeHostTest(VerdictCase):
                 "for _ in range(1100):\n"
                 "    os.set_inheritable(os.open('/dev/null', os.O_RDONLY), True)\n"
                 "os.execv(sys.argv[1], sys.argv[1:])\n")
-        res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "amd-sysfs",
+        res = run_odd(["--host", url, "--deadline", "10", "--gpu-backend", "amd-sysfs",
                        "--syslog-address", self.sink.path],
                       env=support.cron_env(GPU_PREFLIGHT_ROOT=self.amd_root()),
                       wrapper=(sys.executable, "-c", leak))
-        self.assertInTime(res, 3, self.assertReady(res))
+        self.assertInTime(res, 10, self.assertReady(res))
 
     def test_nvidia_smi_with_sigchld_ignored(self):
         """A parent that ignores SIGCHLD (inherited across exec): children
@@ -956,7 +965,7 @@ class ProbeHostTest(VerdictCase):
         fakes.write_fake_smi(smi_dir)
         os.chmod(smi_dir, 0o755)
         url = self.scripted_server(support.ready_answer)
-        res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "nvidia-smi",
+        res = run_odd(["--host", url, "--deadline", "10", "--gpu-backend", "nvidia-smi",
                        "--syslog-address", self.sink.path],
                       env=support.cron_env(PATH=smi_dir + ":/usr/bin:/bin"),
                       ignored=(signal.SIGCHLD,))
@@ -970,7 +979,7 @@ class ProbeHostTest(VerdictCase):
         if os.geteuid() != 0:
             self.skipTest("needs root to mount over /proc in a mount namespace")
         url = self.scripted_server(support.ready_answer)
-        res = run_odd(["--host", url, "--deadline", "3", "--gpu-backend", "amd-sysfs",
+        res = run_odd(["--host", url, "--deadline", "10", "--gpu-backend", "amd-sysfs",
                        "--syslog-address", self.sink.path],
                       env=support.cron_env(GPU_PREFLIGHT_ROOT=self.amd_root()),
                       wrapper=(unshare, "--mount", "--propagation", "private", "/bin/sh",

@@ -709,7 +709,7 @@ class TestInstalledCommand(InstallTestCase):
         give it the whole DEADLINE, and run DELAY past it (checked below
         with such a launcher, so the test shows it can fail).
         """
-        delay, deadline = 2.0, 2.5
+        delay, deadline = 2.0, 4.0      # the rest of start-up has 2 s, on a loaded machine
         venv = os.path.join(self.tmp, "venv")
         subprocess.check_call([sys.executable, "-m", "venv", "--without-pip", venv])
         python = os.path.join(venv, "bin", "python")
@@ -743,7 +743,8 @@ class TestInstalledCommand(InstallTestCase):
         tags_ms = doc["stages"][0]["duration_ms"]
         self.assertLess(tags_ms, (deadline - delay) * 1000 + 700, doc)
         self.assertGreaterEqual(doc["elapsed_ms"], deadline * 1000 - 10, doc)
-        self.assertLess(elapsed, deadline + SLACK)
+        self.assertLess(doc["elapsed_ms"], (deadline + SLACK) * 1000, doc)
+        self.assertLess(elapsed, deadline + 30)     # no hang
         # the control: the same launcher without started= overshoots by DELAY
         naive = os.path.join(self.tmp, "naive_launcher")
         write_file(naive, read_bytes(self.target).decode().replace(

@@ -197,8 +197,9 @@ class FaultsTest(OpenAICase):
             with self.subTest(mode=mode):
                 self.sink.messages(wait=0.01)
                 emu = self.server("vllm", mode=mode, fault_on="/v1/completions")
-                res = self.check(emu.url, "--timeout", "1", "--deadline", "3")
-                self.assertInTime(res, 3, self.verdict(res, code, "completion", text))
+                # the completion's 1 s must start before the deadline's last 1 s
+                res = self.check(emu.url, "--timeout", "1", "--deadline", "6")
+                self.assertInTime(res, 6, self.verdict(res, code, "completion", text))
 
     def test_refused_port(self):
         res = self.check("127.0.0.1:%d" % free_port(), "--deadline", "3")

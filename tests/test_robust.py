@@ -52,10 +52,11 @@ class FilesTest(ContractCase):
                  "lock file %s: not a regular file" % self.fifo)):
             with self.subTest(option=args[-2] if args[-1] == self.fifo else args[-3]):
                 self.sink.messages(wait=0.01)
-                res = self.run_gp(args + ["--deadline", "2"])
+                res = self.run_gp(args + ["--deadline", "10"])
                 fields = self.assertSkip(res, 69 if stage == "gpu" else 78, stage, text,
-                                         deadline=2)
-                self.assertLess(support.own_seconds(res, fields), 1.5, res)
+                                         deadline=10)
+                # an open that blocked would be cut by the deadline, at 10 s
+                self.assertLess(support.own_seconds(res, fields), 5, res)
                 self.assertEqual(emu.requests, [])
 
     def test_fifos_in_the_state_directory_and_sysfs_do_not_hold_the_run(self):
@@ -63,7 +64,7 @@ class FilesTest(ContractCase):
         state = os.path.join(self.dir, "state")
         os.mkdir(state, 0o700)
         args = ["--host", emu.url, "--share-result", "60", "--state-dir", state,
-                "--log-changes-only", "--deadline", "3"]
+                "--log-changes-only", "--deadline", "10"]
         self.assertEqual(self.run_gp(args).code, 0)
         self.sink.messages()
         for name in os.listdir(state):
@@ -73,7 +74,7 @@ class FilesTest(ContractCase):
         self.assertEqual(res.code, 0, res)
         fields = self.log()[1]
         self.assertEqual(fields["result"], "ready")
-        self.assertLess(support.own_seconds(res, fields), 3, res)
+        self.assertLess(support.own_seconds(res, fields), 5, res)   # not held to 10 s
         root = fakes.make_amd_sysfs(os.path.join(self.dir, "root"), [dict(busy=1)])
         fakes.add_pci_display(root, "0000:62:00.0", "0x1002")
         device = os.path.join(root, "sys", "devices", "pci0000:00", "0000:62:00.0")
@@ -84,18 +85,19 @@ class FilesTest(ContractCase):
         os.unlink(busy)
         os.mkfifo(busy)
         res = self.run_gp(["--host", emu.url, "--gpu", "--nvml-lib", "/nonexistent",
-                           "--deadline", "3", "--json"],
+                           "--deadline", "10", "--json"],
                           env=support.cron_env(GPU_PREFLIGHT_ROOT=root))
         self.assertEqual(res.code, 0, res)
-        self.assertInTime(res, 3)
+        self.assertLess(json.loads(res.stdout)["elapsed_ms"], 5000, res)  # not held
         self.assertIsNone(json.loads(res.stdout)["gpu"]["gpus"][0]["util_pct"])
 
     def test_config_fifo_and_device_are_refused_at_once(self):
         fifo = os.path.join(self.sink.dir, "fifo.conf")
         os.mkfifo(fifo)
         for path in (fifo, "/dev/zero"):
-            res = self.run_gp(["--config", path, "--deadline", "1"])
-            self.assertSkip(res, 78, "config", "not a regular file", deadline=1)
+            res = self.run_gp(["--config", path, "--deadline", "10"])
+            fields = self.assertSkip(res, 78, "config", "not a regular file", deadline=10)
+            self.assertLess(support.own_seconds(res, fields), 5, res)   # not held
 
 
 class AnswersTest(ContractCase):
@@ -317,16 +319,16 @@ class OutputTest(ContractCase):
         path = self.full_log_socket()
         emu = self.emulator()
         res = support.run_script(["--host", emu.url, "--syslog-address", path,
-                                  "--deadline", "2", "-v"])
+                                  "--deadline", "6", "-v"])
         self.assertEqual(res.code, 0, res)
-        self.assertInTime(res, 2)
+        self.assertInTime(res, 6)
         self.assertIn("result=ready code=0", res.stderr)
         self.assertIn("warning: syslog %s: timed out; syslog did not take the line"
                       % path, res.stderr)
         res = support.run_script(["--host", "127.0.0.1:%d" % free_port(),
-                                  "--syslog-address", path, "--deadline", "2"])
+                                  "--syslog-address", path, "--deadline", "6"])
         self.assertEqual(res.code, 69, res)
-        self.assertInTime(res, 2)
+        self.assertInTime(res, 6)
         self.assertRegex(res.stderr, r"^gpu_preflight: result=skip code=69 stage=tags ")
 
     def test_bad_idna_syslog_host_is_quiet(self):
@@ -497,7 +499,7 @@ class HostileServerTest(VerdictCase):
                 url = self.scripted_server(lambda method, path, calls: (200, ps) if (
                     path == "/api/ps") else support.ready_answer(method, path, calls))
                 self.sink.messages(wait=0.01)
-                res = self.run_gp(["--host", url, "--deadline", "3"])
+                res = self.run_gp(["--host", url, "--deadline", "10"])
                 fields = self.assertReady(res)
                 self.assertEqual(fields["model"], "llama3.2:latest")
 
