@@ -522,6 +522,15 @@ ln -s /proc/self/fd/1 "$r/dev/stdout"
 ln -s /proc/self/fd/2 "$r/dev/stderr"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs "$r/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$r/tmp"
+# A fresh host: what an install of gpu_preflight and the README's recipes leave
+# on this machine is not in the container (removed in the overlay's upper
+# layer; the machine's files stay). The tests install and write their own.
+for p in etc/gpu_preflight.conf etc/gpu_preflight.token etc/cron.d/gpu-batch \
+        etc/cron.d/rag-agent etc/cron.d/coder-agent etc/systemd/system/gpu-nightly.service \
+        etc/systemd/system/gpu-nightly.timer usr/local/bin/gpu_preflight \
+        usr/local/lib/gpu_preflight opt/jobs; do
+    rm -rf "$r/$p"
+done
 mkdir -p "$r$repo"          # last: a checkout in /tmp or /run stays visible
 mount --rbind "$repo" "$r$repo"
 mount -o remount,bind,ro "$r$repo"
@@ -581,7 +590,10 @@ class SystemdContainer(object):
 
     Nothing it does reaches the machine: unshare --mount --pid --net --uts
     --ipc --cgroup --fork; the root is an overlay of / whose upper layer is a
-    tmpfs (so /etc, /usr/local, /opt, /var written in there vanish with it);
+    tmpfs (so /etc, /usr/local, /opt, /var written in there vanish with it),
+    without what the machine's own gpu_preflight install and the README's
+    recipes put there (/etc/gpu_preflight.conf, /usr/local/bin/gpu_preflight,
+    /etc/cron.d/gpu-batch ...), so it starts as a fresh host;
     /run, /tmp and /dev are fresh tmpfs (/dev with null, zero, full, random,
     urandom and tty bound in, a new devpts); /proc is the namespace's own
     with /proc/sys and /proc/sysrq-trigger read-only, so systemd-sysctl and
